@@ -1,0 +1,23 @@
+# The two commands of the README: `make quickstart` and `make test`.
+# Each creates .venv when it is missing and installs the project into it.
+VENV := .venv
+PY := $(VENV)/bin/python
+# On machines without an NVIDIA GPU, pin the CPU build of torch.
+CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
+
+.PHONY: quickstart test lint
+
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(CONSTRAINTS) -e ".[dev]"
+	touch $@
+
+quickstart: $(VENV)/.installed
+	$(VENV)/bin/corag quickstart
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check corag tests recipes sampling evaluation benchmarks

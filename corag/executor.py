@@ -1,0 +1,212 @@
+"""Runs many questions' strategies at once and batches their model calls and searches.
+
+A strategy is plain sequential code for ONE question: an `async def` that awaits
+`ctx.generate`, `ctx.score`, `ctx.search` and `ctx.gather`. It never sees batching. The executor
+drives all active strategies until each waits on a call, then sends every pending generation in one
+`lm.generate` batch, every pending scoring in one `lm.score` batch and every pending search in one
+`retriever.search` batch, and resumes the strategies with their results. No threads, no event loop:
+the coroutines are stepped by hand, so a run is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Coroutine, Generator, Iterable, Iterator, Sequence
+
+from corag.budget import Meter
+from corag.lm.base import LM, Completion, GenerationRequest, Score, ScoreRequest
+from corag.retrieval.base import Retriever
+from corag.types import Hit
+
+
+@dataclass
+class _Op:
+    """A pending call: "generate", "score" or "search", with its payload."""
+
+    kind: str
+    payload: Any
+
+
+@dataclass
+class _Gather:
+    coros: list[Coroutine[Any, Any, Any]]
+
+
+class _Suspend:
+    """Awaitable that hands an operation to the executor and returns its result."""
+
+    def __init__(self, op: _Op | _Gather) -> None:
+        self.op = op
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return (yield self.op)
+
+
+class Context:
+    """What a strategy may do for one question: model calls, searches, concurrency; all metered."""
+
+    def __init__(self, lm: LM, retriever: Retriever | None = None, meter: Meter | None = None) -> None:
+        self.lm = lm
+        self.retriever = retriever
+        self.meter = meter or Meter()
+
+    async def generate(self, request: GenerationRequest, *, final: bool = False) -> Completion:
+        """Generate, charged to this question. Raises BudgetExceeded before starting a call that
+        could pass the budget (`final` calls may use the reserve)."""
+        if self.meter.budget is not None:
+            prompt = self.lm.count_prompt_tokens(request.messages)
+            self.meter.check(request.n * (prompt + request.max_new_tokens), final=final)
+        completion: Completion = await _Suspend(_Op("generate", request))
+        self.meter.charge(completion.usage)
+        return completion
+
+    async def score(self, request: ScoreRequest, *, final: bool = False) -> Score:
+        """Log-probabilities of `request.target`, charged to this question (prompt plus target)."""
+        if self.meter.budget is not None:
+            self.meter.check(self.lm.count_score_tokens(request), final=final)
+        result: Score = await _Suspend(_Op("score", request))
+        self.meter.charge(result.usage)
+        return result
+
+    async def search(self, query: str, k: int) -> list[Hit]:
+        """Top-k hits for one query (searches cost no tokens)."""
+        if self.retriever is None:
+            raise RuntimeError("this strategy needs a retriever, but none was given")
+        return await _Suspend(_Op("search", (query, k)))
+
+    async def gather(self, *coros: Awaitable[Any]) -> list[Any]:
+        """Run several coroutines of this question concurrently; results in argument order."""
+        if not coros:
+            return []
+        return await _Suspend(_Gather(list(coros)))  # type: ignore[arg-type]
+
+
+@dataclass
+class _Task:
+    coro: Coroutine[Any, Any, Any]
+    parent: _Task | None = None
+    slot: int = 0
+    root: int = -1  # index of the question this task belongs to
+    results: list[Any] = field(default_factory=list)
+    waiting_on: int = 0
+
+
+class Executor:
+    """Runs strategy coroutines for many questions with batched backend calls.
+
+    `max_active` bounds how many questions are in flight; results stream out as questions finish,
+    so a caller can write them to disk as it goes.
+    """
+
+    def __init__(self, lm: LM, retriever: Retriever | None = None, max_active: int = 256) -> None:
+        self.lm = lm
+        self.retriever = retriever
+        self.max_active = max_active
+        self.batches: dict[str, int] = defaultdict(int)  # backend calls made, by kind
+
+    def run(self, coros: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
+        """Run all coroutines to completion; results in input order."""
+        results: list[Any] = [None] * len(coros)
+        for index, result in self.stream(coros):
+            results[index] = result
+        return results
+
+    def map(
+        self, strategy: Callable[..., Coroutine[Any, Any, Any]], items: Iterable[Any]
+    ) -> Iterator[tuple[int, Any]]:
+        """Yield (index, result) for `strategy(item)` over items as each finishes, lazily."""
+        return self.stream(strategy(item) for item in items)
+
+    def stream(self, coros: Iterable[Coroutine[Any, Any, Any]]) -> Iterator[tuple[int, Any]]:
+        """Yield (index, result) as each root coroutine finishes."""
+        source = enumerate(coros)
+        active = 0
+        ready: list[tuple[_Task, Any, BaseException | None]] = []
+        waiting: list[tuple[_Task, _Op]] = []
+        exhausted = False
+        while True:
+            while not exhausted and active < self.max_active:
+                nxt = next(source, None)
+                if nxt is None:
+                    exhausted = True
+                    break
+                ready.append((_Task(nxt[1], root=nxt[0]), None, None))
+                active += 1
+            finished: list[tuple[int, Any]] = []
+            while ready:
+                task, value, error = ready.pop(0)
+                try:
+                    op = task.coro.throw(error) if error is not None else task.coro.send(value)
+                except StopIteration as stop:
+                    self._finish(task, stop.value, None, ready, finished)
+                    continue
+                except BaseException as exc:  # propagate into the parent, or out of the run
+                    if task.parent is None:
+                        raise
+                    self._finish(task, None, exc, ready, finished)
+                    continue
+                if isinstance(op, _Gather):
+                    task.results = [None] * len(op.coros)
+                    task.waiting_on = len(op.coros)
+                    for slot, child in enumerate(op.coros):
+                        ready.append((_Task(child, parent=task, slot=slot, root=task.root), None, None))
+                else:
+                    waiting.append((task, op))
+            for item in finished:
+                active -= 1
+                yield item
+            if not waiting:
+                if exhausted and active == 0:
+                    return
+                continue
+            ready.extend(self._dispatch(waiting))
+            waiting = []
+
+    def _finish(
+        self,
+        task: _Task,
+        value: Any,
+        error: BaseException | None,
+        ready: list[tuple[_Task, Any, BaseException | None]],
+        finished: list[tuple[int, Any]],
+    ) -> None:
+        parent = task.parent
+        if parent is None:
+            finished.append((task.root, value))
+            return
+        if parent.waiting_on == 0:  # the gather already failed; ignore late children
+            return
+        if error is not None:
+            parent.waiting_on = 0
+            ready.append((parent, None, error))
+            return
+        parent.results[task.slot] = value
+        parent.waiting_on -= 1
+        if parent.waiting_on == 0:
+            ready.append((parent, parent.results, None))
+
+    def _dispatch(self, waiting: list[tuple[_Task, _Op]]) -> list[tuple[_Task, Any, None]]:
+        """One batched backend call per kind of pending operation."""
+        by_kind: dict[str, list[tuple[_Task, _Op]]] = defaultdict(list)
+        for task, op in waiting:
+            by_kind[op.kind].append((task, op))
+        resumed: list[tuple[_Task, Any, None]] = []
+        for kind, items in by_kind.items():
+            self.batches[kind] += 1
+            payloads = [op.payload for _, op in items]
+            if kind == "generate":
+                outputs: list[Any] = self.lm.generate(payloads)
+            elif kind == "score":
+                outputs = self.lm.score(payloads)
+            else:
+                outputs = self._search(payloads)
+            resumed.extend((task, out, None) for (task, _), out in zip(items, outputs, strict=True))
+        return resumed
+
+    def _search(self, payloads: list[tuple[str, int]]) -> list[list[Hit]]:
+        """One retriever call at the largest k asked; each query keeps its own top-k."""
+        assert self.retriever is not None
+        k = max(k for _, k in payloads)
+        hits = self.retriever.search([q for q, _ in payloads], k)
+        return [h[:kq] for (_, kq), h in zip(payloads, hits, strict=True)]

@@ -1,0 +1,86 @@
+"""The one LM protocol every backend implements and every strategy uses.
+
+Requests are chat messages; backends render them with the tokenizer's own chat template, so no
+model-specific token ids appear anywhere. Usage is counted from the tokenizer's ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from corag.types import Usage
+
+Message = dict[str, str]  # {"role": "user" | "assistant" | "system", "content": "..."}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One chat prompt to continue with an assistant turn, sampled `n` times.
+
+    temperature 0 is greedy. `seed` makes sampling reproducible per request, independent of batching.
+    Generation stops at the end-of-turn token, at `max_new_tokens`, or at the first stop string
+    (which is removed from the text).
+    """
+
+    messages: tuple[Message, ...]
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The `n` sampled texts of one request and the tokens it cost (prompt counted once per sample)."""
+
+    texts: tuple[str, ...]
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Score `target` as the assistant turn that follows `messages`."""
+
+    messages: tuple[Message, ...]
+    target: str
+
+
+@dataclass(frozen=True)
+class Score:
+    """Log-probabilities of the target's tokens: its content and the end-of-turn token."""
+
+    logprobs: tuple[float, ...]
+    usage: Usage
+
+    @property
+    def mean(self) -> float:
+        return sum(self.logprobs) / len(self.logprobs)
+
+
+class LM(Protocol):
+    """A chat model that generates and scores in batches."""
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]: ...
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Score]: ...
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
+        """Tokens of the rendered prompt, generation prompt included (what `generate` charges)."""
+        ...
+
+    def count_score_tokens(self, request: ScoreRequest) -> int:
+        """Tokens of prompt plus target as `score` processes them (what `score` charges)."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of plain text, no special tokens (used by truncation rules)."""
+        ...
+
+    def truncate_tokens(self, text: str, max_tokens: int, *, middle: bool = False) -> str:
+        """Cut `text` to `max_tokens` tokens: keep the start, or with `middle` the first and last halves."""
+        ...
+
+    @property
+    def max_context(self) -> int: ...

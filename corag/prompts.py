@@ -1,0 +1,202 @@
+"""Every prompt of every method, in one place.
+
+The three CoRAG calls (sub-query, sub-answer, final answer) reproduce byte for byte the strings the
+released CoRAG checkpoints were trained on; change them and those checkpoints stop working. Each call is
+one user message, rendered later with the model's own chat template.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol, Sequence
+
+from corag.lm.base import Message
+from corag.types import Passage, Step
+
+TASK_DESCRIPTIONS: dict[str, str] = {
+    "multihopqa": "answer multi-hop questions",
+    "nq": "answer natural questions from Google search",
+    "triviaqa": "answer trivia questions",
+    "fever": "verify if the claim is supported or refuted",
+    "aidayago2": "link the mention surrounded by [START_ENT] and [END_ENT] to the title of the correct "
+    "Wikipedia page",
+    "trex": "given head entity and relation separated by [SEP], find the correct tail entity, return the "
+    "title of its Wikipedia page",
+}
+for _alias, _same in {
+    "hotpotqa": "multihopqa", "2wikimultihopqa": "multihopqa", "musique": "multihopqa",
+    "bamboogle": "multihopqa", "toy": "multihopqa", "wned": "aidayago2", "cweb": "aidayago2",
+    "blink": "aidayago2", "structured_zeroshot": "trex", "zsre": "trex",
+}.items():
+    TASK_DESCRIPTIONS[_alias] = TASK_DESCRIPTIONS[_same]
+
+SUBQUERY_MAX_NEW_TOKENS = 64
+ANSWER_MAX_NEW_TOKENS = 128
+MESSAGE_MAX_TOKENS = 4096  # calls A and B
+FINAL_MESSAGE_MAX_TOKENS = 3072  # call C
+FINAL_NUM_DOCS = 20
+FINAL_DOC_MAX_TOKENS = int(3072 / FINAL_NUM_DOCS * 1.2)  # 184
+SUBANSWER_NUM_DOCS = 5
+NO_INFO = "No relevant information found"
+PENALTY_TARGET = NO_INFO
+
+
+class Truncator(Protocol):
+    """The part of an LM the prompts need: token-level truncation with its tokenizer."""
+
+    def truncate_tokens(self, text: str, max_tokens: int, *, middle: bool = False) -> str: ...
+
+
+def task_description(task: str) -> str:
+    """The task description string for a task name (KILT task names included)."""
+    try:
+        return TASK_DESCRIPTIONS[task.lower()]
+    except KeyError:
+        raise ValueError(f"unknown task {task!r}; known: {sorted(TASK_DESCRIPTIONS)}") from None
+
+
+def format_past(steps: Sequence[Step]) -> str:
+    """The history block of calls A and C, or `Nothing yet` before the first step."""
+    lines = []
+    for i, step in enumerate(steps, start=1):
+        lines.append(f"Intermediate query {i}: {step.subquery}")
+        lines.append(f"Intermediate answer {i}: {step.subanswer}")
+    return "\n".join(lines).strip() or "Nothing yet"
+
+
+def format_document(passage: Passage) -> str:
+    """`title\\ncontents`, without repeating a title that the contents already start with."""
+    contents = passage.contents
+    if passage.title and contents.startswith(passage.title + "\n"):
+        contents = contents[len(passage.title) + 1 :]
+    return f"{passage.title}\n{contents}".strip()
+
+
+def fit_message(text: str, max_tokens: int, tok: Truncator | None) -> str:
+    """Middle-truncate a message whose text is at least 2 x max_tokens characters to max_tokens tokens."""
+    if tok is None or len(text) < 2 * max_tokens:
+        return text
+    return tok.truncate_tokens(text, max_tokens, middle=True)
+
+
+def _user(content: str) -> list[Message]:
+    return [{"role": "user", "content": content}]
+
+
+def subquery_messages(
+    query: str, steps: Sequence[Step], task_desc: str, tok: Truncator | None = None
+) -> list[Message]:
+    """Call A: ask for the next sub-query given the steps so far."""
+    content = f"""You are using a search engine to answer the main query by iteratively searching the web. Given the following intermediate queries and answers, generate a new simple follow-up question that can help answer the main query. You may rephrase or decompose the main query when previous answers are not helpful. Ask simple follow-up questions only as the search engine may not understand complex questions.
+
+## Previous intermediate queries and answers
+{format_past(steps)}
+
+## Task description
+{task_desc}
+
+## Main query to answer
+{query}
+
+Respond with a simple follow-up question that will help answer the main query, do not explain yourself or output anything else."""
+    return _user(fit_message(content, MESSAGE_MAX_TOKENS, tok))
+
+
+def _subanswer_content(query: str, documents: str) -> str:
+    return f"""Given the following documents, generate an appropriate answer for the query. DO NOT hallucinate any information, only use the provided documents to generate the answer. Respond "No relevant information found" if the documents do not contain useful information.
+
+## Documents
+{documents}
+
+## Query
+{query}
+
+Respond with a concise answer only, do not explain yourself or output anything else."""
+
+
+def subanswer_messages(
+    subquery: str, passages: Sequence[Passage], tok: Truncator | None = None
+) -> list[Message]:
+    """Call B: answer a sub-query from its documents, given in rank order and shown best-last."""
+    documents = "\n\n".join(format_document(p) for p in reversed(passages))
+    return _user(fit_message(_subanswer_content(subquery, documents), MESSAGE_MAX_TOKENS, tok))
+
+
+def final_answer_messages(
+    query: str,
+    steps: Sequence[Step],
+    task_desc: str,
+    passages: Sequence[Passage] = (),
+    tok: Truncator | None = None,
+) -> list[Message]:
+    """Call C: the final answer from the chain and the question's documents (rank order in,
+    each cut to 184 tokens, shown best-last as `Doc 0` .. `Doc n-1`)."""
+    docs = list(reversed(passages[:FINAL_NUM_DOCS]))
+    rendered = []
+    for i, passage in enumerate(docs):
+        text = format_document(passage)
+        if tok is not None:
+            text = tok.truncate_tokens(text, FINAL_DOC_MAX_TOKENS)
+        rendered.append(f"Doc {i}: {text}")
+    documents = "\n\n".join(rendered)
+    content = f"""Given the following intermediate queries and answers, generate a final answer for the main query by combining relevant information. Note that intermediate answers are generated by an LLM and may not always be accurate.
+
+## Documents
+{documents}
+
+## Intermediate queries and answers
+{format_past(steps)}
+
+## Task description
+{task_desc}
+
+## Main query
+{query}
+
+Respond with an appropriate answer only, do not explain yourself or output anything else."""
+    return _user(fit_message(content, FINAL_MESSAGE_MAX_TOKENS, tok))
+
+
+def penalty_messages(query: str, steps: Sequence[Step], tok: Truncator | None = None) -> list[Message]:
+    """Best-of-N's chain penalty prompt: call B over the main query with the steps as documents.
+
+    Score it with target PENALTY_TARGET; a lower mean log-probability means a more useful chain.
+    """
+    documents = "\n\n".join(f"Q: {s.subquery}\nA: {s.subanswer}" for s in steps)
+    return _user(fit_message(_subanswer_content(query, documents), MESSAGE_MAX_TOKENS, tok))
+
+
+STOP_YES, STOP_NO = "Yes", "No"
+
+
+def stop_messages(
+    query: str, steps: Sequence[Step], task_desc: str, tok: Truncator | None = None
+) -> list[Message]:
+    """Learned stop: does the chain so far hold enough to answer? Target `Yes` or `No`.
+
+    The paper did not publish its prompt; this one is ours, in the style of calls A-C.
+    """
+    content = f"""Given the following intermediate queries and answers, judge whether they contain enough information to answer the main query.
+
+## Intermediate queries and answers
+{format_past(steps)}
+
+## Task description
+{task_desc}
+
+## Main query
+{query}
+
+Respond with "Yes" if the main query can be answered now, otherwise "No". Do not explain yourself or output anything else."""
+    return _user(fit_message(content, MESSAGE_MAX_TOKENS, tok))
+
+
+_LEADING_LABEL = re.compile(r"^Intermediate query \d+:\s*")
+
+
+def parse_subquery(text: str) -> str:
+    """Clean a generated sub-query: strip, drop surrounding quotes and a leading label."""
+    text = text.strip()
+    if len(text) >= 2 and text.startswith('"') and text.endswith('"'):
+        text = text[1:-1].strip()
+    return _LEADING_LABEL.sub("", text).strip()
