@@ -10,9 +10,10 @@ the coroutines are stepped by hand, so a run is deterministic.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine, Generator, Iterable, Iterator, Sequence
+from typing import Any
 
 from corag.budget import Meter
 from corag.lm.base import LM, Completion, GenerationRequest, Score, ScoreRequest
@@ -54,18 +55,30 @@ class Context:
     async def generate(self, request: GenerationRequest, *, final: bool = False) -> Completion:
         """Generate, charged to this question. Raises BudgetExceeded before starting a call that
         could pass the budget (`final` calls may use the reserve)."""
+        worst = 0
         if self.meter.budget is not None:
             prompt = self.lm.count_prompt_tokens(request.messages)
-            self.meter.check(request.n * (prompt + request.max_new_tokens), final=final)
-        completion: Completion = await _Suspend(_Op("generate", request))
+            worst = request.n * (prompt + request.max_new_tokens)
+            self.meter.check(worst, final=final)
+        self.meter.pending += worst
+        try:
+            completion: Completion = await _Suspend(_Op("generate", request))
+        finally:  # also when the call is cancelled by a failing sibling in a gather
+            self.meter.pending -= worst
         self.meter.charge(completion.usage)
         return completion
 
     async def score(self, request: ScoreRequest, *, final: bool = False) -> Score:
         """Log-probabilities of `request.target`, charged to this question (prompt plus target)."""
+        worst = 0
         if self.meter.budget is not None:
-            self.meter.check(self.lm.count_score_tokens(request), final=final)
-        result: Score = await _Suspend(_Op("score", request))
+            worst = self.lm.count_score_tokens(request)
+            self.meter.check(worst, final=final)
+        self.meter.pending += worst
+        try:
+            result: Score = await _Suspend(_Op("score", request))
+        finally:
+            self.meter.pending -= worst
         self.meter.charge(result.usage)
         return result
 
@@ -90,20 +103,40 @@ class _Task:
     root: int = -1  # index of the question this task belongs to
     results: list[Any] = field(default_factory=list)
     waiting_on: int = 0
+    children: list[_Task] = field(default_factory=list)
+    cancelled: bool = False
+
+    def dead(self) -> bool:
+        """Whether this task or an ancestor was cancelled (a sibling failed in a gather)."""
+        task: _Task | None = self
+        while task is not None:
+            if task.cancelled:
+                return True
+            task = task.parent
+        return False
+
+
+_Ready = deque[tuple[_Task, Any, "BaseException | None"]]
 
 
 class Executor:
     """Runs strategy coroutines for many questions with batched backend calls.
 
     `max_active` bounds how many questions are in flight; results stream out as questions finish,
-    so a caller can write them to disk as it goes.
+    so a caller can write them to disk as it goes. `max_active=1` runs one question at a time.
     """
 
     def __init__(self, lm: LM, retriever: Retriever | None = None, max_active: int = 256) -> None:
+        if max_active < 1:
+            raise ValueError(f"max_active must be at least 1, got {max_active}")
         self.lm = lm
         self.retriever = retriever
         self.max_active = max_active
         self.batches: dict[str, int] = defaultdict(int)  # backend calls made, by kind
+
+    def context(self, budget: int | None = None) -> Context:
+        """A fresh Context for one question, with its own meter and optional token budget."""
+        return Context(self.lm, self.retriever, Meter(budget=budget))
 
     def run(self, coros: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
         """Run all coroutines to completion; results in input order."""
@@ -119,10 +152,14 @@ class Executor:
         return self.stream(strategy(item) for item in items)
 
     def stream(self, coros: Iterable[Coroutine[Any, Any, Any]]) -> Iterator[tuple[int, Any]]:
-        """Yield (index, result) as each root coroutine finishes."""
+        """Yield (index, result) as each root coroutine finishes.
+
+        An exception in a question's strategy propagates out of the run; inside `ctx.gather` it
+        cancels the sibling coroutines and is raised at the gather.
+        """
         source = enumerate(coros)
         active = 0
-        ready: list[tuple[_Task, Any, BaseException | None]] = []
+        ready: _Ready = deque()
         waiting: list[tuple[_Task, _Op]] = []
         exhausted = False
         while True:
@@ -135,7 +172,10 @@ class Executor:
                 active += 1
             finished: list[tuple[int, Any]] = []
             while ready:
-                task, value, error = ready.pop(0)
+                task, value, error = ready.popleft()
+                if task.dead():
+                    task.coro.close()
+                    continue
                 try:
                     op = task.coro.throw(error) if error is not None else task.coro.send(value)
                 except StopIteration as stop:
@@ -149,13 +189,20 @@ class Executor:
                 if isinstance(op, _Gather):
                     task.results = [None] * len(op.coros)
                     task.waiting_on = len(op.coros)
-                    for slot, child in enumerate(op.coros):
-                        ready.append((_Task(child, parent=task, slot=slot, root=task.root), None, None))
-                else:
+                    task.children = [
+                        _Task(child, parent=task, slot=slot, root=task.root)
+                        for slot, child in enumerate(op.coros)
+                    ]
+                    ready.extend((child, None, None) for child in task.children)
+                elif isinstance(op, _Op):
                     waiting.append((task, op))
+                else:
+                    task.coro.close()
+                    raise TypeError(f"strategies may only await ctx calls, not {op!r}")
             for item in finished:
                 active -= 1
                 yield item
+            waiting = [(task, op) for task, op in waiting if not task.dead()]
             if not waiting:
                 if exhausted and active == 0:
                     return
@@ -168,22 +215,24 @@ class Executor:
         task: _Task,
         value: Any,
         error: BaseException | None,
-        ready: list[tuple[_Task, Any, BaseException | None]],
+        ready: _Ready,
         finished: list[tuple[int, Any]],
     ) -> None:
         parent = task.parent
         if parent is None:
             finished.append((task.root, value))
             return
-        if parent.waiting_on == 0:  # the gather already failed; ignore late children
-            return
         if error is not None:
-            parent.waiting_on = 0
+            for sibling in parent.children:
+                if sibling is not task:
+                    sibling.cancelled = True
+            parent.children, parent.waiting_on = [], 0
             ready.append((parent, None, error))
             return
         parent.results[task.slot] = value
         parent.waiting_on -= 1
         if parent.waiting_on == 0:
+            parent.children = []
             ready.append((parent, parent.results, None))
 
     def _dispatch(self, waiting: list[tuple[_Task, _Op]]) -> list[tuple[_Task, Any, None]]:

@@ -200,3 +200,73 @@ def parse_subquery(text: str) -> str:
     if len(text) >= 2 and text.startswith('"') and text.endswith('"'):
         text = text[1:-1].strip()
     return _LEADING_LABEL.sub("", text).strip()
+
+
+# ---------------------------------------------------------------------------------------------------
+# IRCoT and SearChain (corag/methods). Neither paper's checkpoints depend on exact strings, so these
+# templates are the project's own wording. Both methods were designed for completion models; here each
+# prompt is ONE user message (a chat model answers it as its assistant turn). IRCoT's message holds the
+# demonstrations, the paragraphs, `Q: {question}` and the `A: {cot so far}` prefix that the model
+# continues, exactly as a completion model would have seen them, behind one line of instruction.
+# ---------------------------------------------------------------------------------------------------
+
+IRCOT_PARAGRAPH_WORDS = 350  # paragraph text shown to the model is cut to this many words
+IRCOT_DEMO_SEPARATOR = "\n\n\n"
+
+IRCOT_COT_INSTRUCTION = (
+    "Answer the last question in the style of the examples: reason step by step from the Wikipedia "
+    'paragraphs, continuing the text after "A:" with the next sentence only. When the answer is known, '
+    'write "So the answer is: <answer>."'
+)
+IRCOT_DIRECT_READER_INSTRUCTION = (
+    "Answer the last question in the style of the examples, using the Wikipedia paragraphs where they "
+    'are given. Write only the answer after "A:", do not explain yourself.'
+)
+IRCOT_COT_READER_INSTRUCTION = (
+    "Answer the last question in the style of the examples: reason step by step from the Wikipedia "
+    'paragraphs where they are given, and end with "So the answer is: <answer>."'
+)
+
+
+def ircot_paragraph(title: str, text: str, max_words: int = IRCOT_PARAGRAPH_WORDS) -> str:
+    """One paragraph as IRCoT shows it: `Wikipedia Title: {title}` then the text cut to `max_words`."""
+    return f"Wikipedia Title: {title}\n{' '.join(text.split()[:max_words])}"
+
+
+def ircot_block(paragraphs: Sequence[str], question: str, answer: str) -> str:
+    """Rendered paragraphs (blank-line joined), then `Q: {question}` and `A: {answer}`."""
+    qa = f"Q: {question}\nA: {answer}".rstrip()
+    return "\n\n".join([*paragraphs, qa])
+
+
+def ircot_messages(instruction: str, demos: Sequence[str], block: str) -> list[Message]:
+    """One user message: the instruction, the rendered demonstrations, then the question's block."""
+    return _user(IRCOT_DEMO_SEPARATOR.join([instruction, *demos, block]))
+
+
+SEARCHAIN_INSTRUCTION = """Answer the question by building a chain of queries. Each node of the chain is one simple query for a search engine, written "[Query k]: ...", followed by its answer, written "[Answer k]: ...". When you do not know the answer of a query, write "[Unsolved Query]: ..." with the query again instead of an answer. Number the nodes 1, 2, 3, ... and use the answers of earlier nodes in later queries. End with "[Final Content]: ...", which answers the question from the nodes, cites each node it uses as [k], and ends with "So the answer is: <answer>."
+
+Example:
+Question: In which country was the director of the film Blue Harbour born?
+[Query 1]: Who is the director of the film Blue Harbour?
+[Answer 1]: Mara Velden
+[Query 2]: In which country was Mara Velden born?
+[Answer 2]: Norway
+[Final Content]: The film Blue Harbour was directed by Mara Velden [1], who was born in Norway [2]. So the answer is: Norway.
+
+Question: {question}"""
+
+SEARCHAIN_FEEDBACK = """According to this reference, the answer to "{query}" should be "{answer}". You can change your answer and continue the chain of queries for the question: {question}
+
+Reference: {reference}"""
+
+
+def searchain_messages(question: str) -> list[Message]:
+    """SearChain's first turn: the Chain-of-Query instruction with one example, then the question."""
+    return _user(SEARCHAIN_INSTRUCTION.replace("{question}", question))
+
+
+def searchain_feedback(question: str, query: str, answer: str, reference: str) -> Message:
+    """A verification result sent back as a new user turn: the reader's answer and its document."""
+    content = SEARCHAIN_FEEDBACK.format(query=query, answer=answer, question=question, reference=reference)
+    return {"role": "user", "content": content}

@@ -7,8 +7,9 @@ can train on assistant tokens only.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -36,8 +37,14 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 4000) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on `texts` (exact round trip, no unknown tokens)."""
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int = 4000, words: Iterable[str] = ()
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on `texts` (exact round trip, no unknown tokens).
+
+    Each of `words` (runs of letters) becomes one token, alone and after a space, whatever the merges
+    learned; the toy world passes its name pool, so every name-word of every world is one token.
+    """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -48,6 +55,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4000) -> PreTrainedT
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    tok = _with_whole_words(tok, words)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=END,
@@ -56,6 +64,30 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4000) -> PreTrainedT
         padding_side="left",
         model_max_length=2048,
     )
+
+
+def _with_whole_words(tok: Tokenizer, words: Iterable[str]) -> Tokenizer:
+    """Add `words` (bare and space-prefixed) to the BPE vocabulary as whole tokens.
+
+    With `ignore_merges`, a pre-tokenized word found in the vocabulary is emitted as one token before
+    any merge is tried; every other word still goes through the learned merges.
+    """
+    as_bytes = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    data = json.loads(tok.to_str())
+    vocab: dict[str, int] = data["model"]["vocab"]
+    next_id = max([*vocab.values(), *(t["id"] for t in data["added_tokens"])]) + 1
+    added = False
+    for word in words:
+        for form in (word, " " + word):
+            (piece, _), *rest = as_bytes.pre_tokenize_str(form)
+            if not rest and piece not in vocab:
+                vocab[piece] = next_id
+                next_id += 1
+                added = True
+    if not added:
+        return tok
+    data["model"]["ignore_merges"] = True
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def build_tiny_model(

@@ -35,3 +35,40 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def run_dir() -> Path:
     return _RUN_DIR
+
+
+# The toy world and a tiny model for it. Small sizes keep each fixture well under a few seconds.
+TOY_SIZES = dict(num_entities=80, num_distractors=20, train_per_hop=30, test_per_hop=10)
+
+
+@pytest.fixture(scope="session")
+def toy_world():
+    """A small toy world (seed 0): about 100 passages, 90 train and 30 held-out test questions."""
+    from corag.data.toyworld import generate_world
+
+    return generate_world(seed=0, **TOY_SIZES)
+
+
+@pytest.fixture(scope="session")
+def toy_dir(toy_world, tmp_path_factory) -> Path:
+    """`toy_world` written to a folder: corpus.jsonl, train.jsonl, test.jsonl, single_hop.jsonl."""
+    return toy_world.write(tmp_path_factory.mktemp("toyworld"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(toy_world):
+    """A byte-level BPE tokenizer trained on the name pool, the world and the CoRAG prompts; every
+    name-word of the shared pool is one token, so it covers any toy world."""
+    from corag.data.toyworld import name_pool, tokenizer_texts
+    from corag.tinymodel import train_tokenizer
+
+    return train_tokenizer(tokenizer_texts(toy_world), words=name_pool())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_tokenizer, tmp_path_factory) -> Path:
+    """A randomly initialised tiny Llama and its tokenizer, saved to a folder Auto* classes load."""
+    from corag.tinymodel import build_tiny_model, save_tiny
+
+    model = build_tiny_model(tiny_tokenizer, seed=0)
+    return save_tiny(tmp_path_factory.mktemp("tiny-llama"), model, tiny_tokenizer)

@@ -1,0 +1,1 @@
+"""Data: benchmark loaders (formats), JSONL helpers (jsonl), the retrieval corpus (corpus)."""

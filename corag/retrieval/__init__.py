@@ -1,0 +1,51 @@
+"""Retrieval: BM25, dense exact search, index building, and an HTTP service for many workers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from corag.errors import InputError
+from corag.retrieval.base import Retriever
+
+
+def read_manifest(folder: Path, kind: str) -> dict:
+    """The manifest of a finished index folder of the given kind, or an InputError saying what is wrong."""
+    path = Path(folder) / "manifest.json"
+    if not path.is_file():
+        raise InputError(
+            "no manifest.json: not an index folder (build one with `corag index`)", file=str(folder)
+        )
+    manifest = json.loads(path.read_text())
+    if manifest.get("kind") != kind:
+        raise InputError(
+            f"index kind is {manifest.get('kind')!r}, expected {kind!r}", file=str(path), field="kind"
+        )
+    if not manifest.get("complete"):
+        raise InputError("index build did not finish; re-run `corag index` to resume", file=str(path))
+    return manifest
+
+
+def load_retriever(source: str | Path, device: str | None = None, **kwargs) -> Retriever:
+    """A retriever from an index folder (`corag index`, dense or bm25) or a service URL (http://...)."""
+    text = str(source)
+    if text.startswith(("http://", "https://")):
+        from corag.retrieval.client import RetrieverClient
+
+        return RetrieverClient(text, **kwargs)
+    manifest = Path(source) / "manifest.json"
+    if not manifest.is_file():
+        raise InputError("no manifest.json: not an index folder (build one with `corag index`)", file=text)
+    kind = json.loads(manifest.read_text()).get("kind")
+    if kind == "bm25":
+        from corag.retrieval.bm25 import BM25Retriever
+
+        return BM25Retriever.load(source, **kwargs)
+    if kind == "dense":
+        from corag.retrieval.dense import load_dense
+
+        return load_dense(source, device=device, **kwargs)
+    raise InputError(f"unknown index kind {kind!r}", file=str(manifest), field="kind")
+
+
+__all__ = ["Retriever", "load_retriever", "read_manifest"]

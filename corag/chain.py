@@ -1,0 +1,299 @@
+"""The step primitives of a retrieval chain (METHODS.md 1.1), each one model call or search on a Context.
+
+Strategies in corag/decoding compose these; every call is metered and budget-checked by the Context.
+Prompts come from corag.prompts with the LM as the truncator, so the documented truncation rules apply
+with the model's own tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from corag.budget import BudgetExceeded
+from corag.errors import InputError
+from corag.executor import Context
+from corag.lm.base import LM, GenerationRequest, Message, ScoreRequest
+from corag.prompts import (
+    ANSWER_MAX_NEW_TOKENS,
+    FINAL_NUM_DOCS,
+    PENALTY_TARGET,
+    STOP_NO,
+    STOP_YES,
+    SUBANSWER_NUM_DOCS,
+    SUBQUERY_MAX_NEW_TOKENS,
+    final_answer_messages,
+    parse_subquery,
+    penalty_messages,
+    stop_messages,
+    subanswer_messages,
+    subquery_messages,
+    task_description,
+)
+from corag.types import Example, Passage, Step, Usage
+
+
+class CorpusLike(Protocol):
+    """The part of a corpus the chain needs: passages by id, in the order asked."""
+
+    def get_many(self, ids: Sequence[str]) -> list[Passage]: ...
+
+
+def call_seed(question_id: str, chain: int | str, step: int, attempt: int) -> int:
+    """A sampling seed fixed by where the call sits in a question's search, never by batching."""
+    key = f"{question_id}|{chain}|{step}|{attempt}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 2**31
+
+
+def fit_context(lm: LM, messages: list[Message], room: int) -> list[Message]:
+    """Keep a prompt plus `room` more tokens inside the model's context.
+
+    Prompts already follow METHODS.md's limits (4096 / 3072 tokens); a model with a shorter context
+    gets the last message middle-truncated further, by the same rule. Raises InputError when even
+    that cannot fit (a context too small for the template and the new tokens).
+    """
+    limit = lm.max_context - room
+    total = lm.count_prompt_tokens(messages)
+    if total <= limit:
+        return messages
+    content = messages[-1]["content"]
+    overhead = total - lm.count_tokens(content)
+    for margin in (0, 4, 16, 64):  # re-tokenising a cut text can shift a boundary by a token or two
+        allowed = limit - overhead - margin
+        if allowed <= 0:
+            break
+        cut = [*messages[:-1], {**messages[-1], "content": lm.truncate_tokens(content, allowed, middle=True)}]
+        if lm.count_prompt_tokens(cut) <= limit:
+            return cut
+    raise InputError(
+        f"a prompt of {total} tokens cannot be cut to fit the model's context of {lm.max_context} tokens "
+        f"with {room} tokens left for the answer",
+        field="max_context",
+    )
+
+
+def _generation(lm: LM, messages: list[Message], max_new_tokens: int, **kw: Any) -> GenerationRequest:
+    messages = fit_context(lm, messages, max_new_tokens)
+    return GenerationRequest(tuple(messages), max_new_tokens=max_new_tokens, **kw)
+
+
+def _scoring(lm: LM, messages: list[Message], target: str) -> ScoreRequest:
+    room = lm.count_score_tokens(ScoreRequest(tuple(messages), target)) - lm.count_prompt_tokens(messages)
+    return ScoreRequest(tuple(fit_context(lm, messages, max(room, 0))), target)
+
+
+async def next_subquery(
+    ctx: Context,
+    query: str,
+    steps: Sequence[Step],
+    task_desc: str,
+    temperature: float = 0.0,
+    seed: int | None = None,
+) -> str:
+    """Call A: the next sub-query, cleaned with parse_subquery."""
+    texts = await subquery_candidates(ctx, query, steps, task_desc, n=1, temperature=temperature, seed=seed)
+    return texts[0]
+
+
+async def subquery_candidates(
+    ctx: Context,
+    query: str,
+    steps: Sequence[Step],
+    task_desc: str,
+    n: int,
+    temperature: float,
+    seed: int | None = None,
+) -> list[str]:
+    """Call A sampled `n` times in one request (tree-search expansion), each cleaned."""
+    messages = subquery_messages(query, steps, task_desc, tok=ctx.lm)
+    request = _generation(ctx.lm, messages, SUBQUERY_MAX_NEW_TOKENS, temperature=temperature, n=n, seed=seed)
+    completion = await ctx.generate(request)
+    return [parse_subquery(text) for text in completion.texts]
+
+
+async def subanswer(
+    ctx: Context, subquery: str, corpus: CorpusLike, k: int = SUBANSWER_NUM_DOCS
+) -> Step:
+    """Search the sub-query, then call B (greedy) over its top-k documents: one finished Step."""
+    hits = await ctx.search(subquery, k)
+    doc_ids = tuple(hit.doc_id for hit in hits)
+    messages = subanswer_messages(subquery, corpus.get_many(doc_ids), tok=ctx.lm)
+    completion = await ctx.generate(_generation(ctx.lm, messages, ANSWER_MAX_NEW_TOKENS, temperature=0.0))
+    return Step(subquery, completion.texts[0].strip(), doc_ids)
+
+
+def final_request(
+    lm: LM, query: str, steps: Sequence[Step], task_desc: str, passages: Sequence[Passage]
+) -> GenerationRequest:
+    """The request of call C (greedy, 128 new tokens)."""
+    messages = final_answer_messages(query, steps, task_desc, passages, tok=lm)
+    return _generation(lm, messages, ANSWER_MAX_NEW_TOKENS, temperature=0.0)
+
+
+def final_cost(lm: LM, query: str, steps: Sequence[Step], task_desc: str, passages: Sequence[Passage]) -> int:
+    """Worst-case tokens of call C for these steps: its actual prompt plus 128 new tokens."""
+    request = final_request(lm, query, steps, task_desc, passages)
+    return lm.count_prompt_tokens(request.messages) + request.max_new_tokens
+
+
+async def final_answer(
+    ctx: Context, query: str, steps: Sequence[Step], task_desc: str, passages: Sequence[Passage]
+) -> str:
+    """Call C: the final answer from the chain and the original query's documents.
+
+    Marked final, so it may use the budget's reserve.
+    """
+    completion = await ctx.generate(final_request(ctx.lm, query, steps, task_desc, passages), final=True)
+    return completion.texts[0].strip()
+
+
+async def penalty(ctx: Context, query: str, steps: Sequence[Step]) -> float:
+    """Mean log-probability of `No relevant information found` given the chain as documents.
+
+    Lower is better: the chain makes "no information" less likely.
+    """
+    request = _scoring(ctx.lm, penalty_messages(query, steps, tok=ctx.lm), PENALTY_TARGET)
+    return (await ctx.score(request)).mean
+
+
+async def should_stop(ctx: Context, query: str, steps: Sequence[Step], task_desc: str, bias: float) -> bool:
+    """Learned stop: True when log P(Yes) + bias > log P(No) for the stop prompt.
+
+    Both answers are scored as whole assistant turns (content and end-of-turn token) in one batched
+    forward pass each. Picking the likelier of the two is the same as decoding with the output
+    constrained to the two answers and a logit bias `bias` added to "Yes"; larger bias stops earlier.
+    """
+    messages = stop_messages(query, steps, task_desc, tok=ctx.lm)
+    yes, no = await ctx.gather(
+        ctx.score(_scoring(ctx.lm, messages, STOP_YES)), ctx.score(_scoring(ctx.lm, messages, STOP_NO))
+    )
+    return sum(yes.logprobs) + bias > sum(no.logprobs)
+
+
+@dataclass(frozen=True)
+class Question:
+    """What every step of one question needs: the question, its task description, the corpus the
+    steps read from, and the top documents for the original query (the final answer's)."""
+
+    id: str
+    query: str
+    task_desc: str
+    corpus: CorpusLike
+    passages: tuple[Passage, ...]
+
+    @property
+    def doc_ids(self) -> tuple[str, ...]:
+        return tuple(p.id for p in self.passages)
+
+
+async def open_question(
+    ctx: Context, example: Example, corpus: CorpusLike, task_desc: str | None = None
+) -> Question:
+    """Retrieve the original query's top-20 documents and reserve budget for the final answer."""
+    hits = await ctx.search(example.query, FINAL_NUM_DOCS)
+    passages = tuple(corpus.get_many([hit.doc_id for hit in hits]))
+    question = Question(
+        example.id, example.query, task_desc or task_description(example.task), corpus, passages
+    )
+    keep_room_for_final(ctx, question, ())
+    return question
+
+
+def keep_room_for_final(ctx: Context, question: Question, steps: Sequence[Step]) -> bool:
+    """Whether the final answer over `steps` still fits the budget; if so, reserve room for it.
+
+    The reserve only grows, so it always covers the final answer of any chain accepted so far:
+    no later call may eat into it. A step whose final answer would not fit is not taken.
+    """
+    meter = ctx.meter
+    if meter.budget is None:
+        return True
+    cost = final_cost(ctx.lm, question.query, steps, question.task_desc, question.passages)
+    if not meter.fits(cost) or cost > meter.budget:
+        return False
+    meter.reserve = max(meter.reserve, cost)
+    return True
+
+
+async def safe_penalty(ctx: Context, query: str, steps: Sequence[Step]) -> float | None:
+    """The penalty, or None when the budget leaves no room for it."""
+    try:
+        return await penalty(ctx, query, steps)
+    except BudgetExceeded:
+        return None
+
+
+@dataclass
+class DecodeResult:
+    """One question's outcome: the chain, the prediction and what it cost."""
+
+    query_id: str
+    query: str
+    answers: tuple[str, ...]
+    strategy: str
+    steps: tuple[Step, ...]
+    prediction: str
+    context_doc_ids: tuple[str, ...]
+    usage: Usage
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def calls(self) -> int:
+        return self.usage.calls
+
+    def to_record(self) -> dict[str, Any]:
+        """The official CoRAG prediction fields, then ours (steps with doc ids, usage, extras)."""
+        return {
+            "query": self.query,
+            "answers": list(self.answers),
+            "query_id": self.query_id,
+            "context_doc_ids": list(self.context_doc_ids),
+            "subqueries": [s.subquery for s in self.steps],
+            "subanswers": [s.subanswer for s in self.steps],
+            "predictions": self.prediction,
+            "strategy": self.strategy,
+            "steps": [
+                {"subquery": s.subquery, "subanswer": s.subanswer, "doc_ids": list(s.doc_ids)}
+                for s in self.steps
+            ],
+            "usage": {
+                "prompt_tokens": self.usage.prompt_tokens,
+                "completion_tokens": self.usage.completion_tokens,
+                "total_tokens": self.usage.total,
+            },
+            "model_calls": self.usage.calls,
+            **self.extras,
+        }
+
+
+async def finish(
+    ctx: Context,
+    question: Question,
+    example: Example,
+    strategy: str,
+    steps: Sequence[Step],
+    extras: dict[str, Any] | None = None,
+) -> DecodeResult:
+    """Write the final answer (top-20 documents for the original query) and the result record.
+
+    When even the final answer cannot fit the budget (a budget below its prompt), the prediction is
+    empty and `final_skipped` is recorded.
+    """
+    extras = dict(extras or {})
+    try:
+        prediction = await final_answer(ctx, question.query, steps, question.task_desc, question.passages)
+    except BudgetExceeded:
+        prediction, extras["final_skipped"] = "", True
+    return DecodeResult(
+        query_id=example.id,
+        query=example.query,
+        answers=example.answers,
+        strategy=strategy,
+        steps=tuple(steps),
+        prediction=prediction,
+        context_doc_ids=question.doc_ids,
+        usage=ctx.meter.usage,
+        extras=extras,
+    )

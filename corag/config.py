@@ -1,0 +1,54 @@
+"""Stage configs: dataclasses read from a YAML file (`--config`) and overridable on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from corag.errors import InputError
+
+T = TypeVar("T")
+
+
+def parse_config(cls: type[T], argv: list[str] | None, description: str = "") -> T:
+    """Build `cls` from `--config file.yaml` (if given) overridden by `--field value` flags.
+
+    An unknown key in the YAML file is an InputError naming the file and the key; an unknown flag is
+    argparse's usual error.
+    """
+    from transformers import HfArgumentParser
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, rest = pre.parse_known_args(argv)
+    parser = HfArgumentParser(cls, description=description)
+    parser.add_argument("--config", help="YAML file of defaults; flags override it")
+    if known.config:
+        values = load_yaml(known.config)
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        for key in values:
+            if key not in names:
+                raise InputError(
+                    f"unknown config key; known keys: {sorted(names)}", file=known.config, field=key
+                )
+        parser.set_defaults(**values)
+        # Fields required on the command line are satisfied by the file.
+        for action in parser._actions:
+            if action.dest in values:
+                action.required = False
+    return parser.parse_args_into_dataclasses(args=rest)[0]
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping from a file, with a clear error for anything else."""
+    try:
+        values = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"cannot read YAML: {exc}", file=str(path)) from None
+    if not isinstance(values, dict):
+        raise InputError("a config file must hold a mapping of keys to values", file=str(path))
+    return values

@@ -1,0 +1,233 @@
+"""JSONL reading and writing with clear errors, atomic writes and crash-safe appends.
+
+Reading names the file and line of any malformed record. Writers never leave a half-written file:
+`atomic_write` writes a temporary file and renames it; `JsonlAppender` appends whole lines and, on
+reopening, repairs a truncated last line that a crash may have left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from corag.errors import InputError
+
+
+def _parse_line(text: str | bytes, path: Path, line_no: int) -> dict[str, Any]:
+    """One JSON object from one line, or an InputError naming file and line."""
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"malformed JSON ({e.msg} at column {e.colno})", file=str(path), line=line_no
+        ) from None
+    if not isinstance(record, dict):
+        raise InputError(f"expected a JSON object, got {type(record).__name__}", file=str(path), line=line_no)
+    return record
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (1-based line number, record) for every non-blank line; a malformed line is an InputError."""
+    path = Path(path)
+    with path.open("r", encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if line.strip():
+                yield line_no, _parse_line(line, path, line_no)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a JSONL file (blank lines skipped)."""
+    return [record for _, record in iter_jsonl(path)]
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temporary file beside `path`; on success it replaces `path`, on error it is removed.
+
+    Readers therefore see either the old file or the complete new one, never a partial one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        encoding = None if "b" in mode else "utf-8"
+        with os.fdopen(fd, mode, encoding=encoding) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def dumps(record: Mapping[str, Any]) -> str:
+    """One record as one JSON line (no trailing newline); non-ASCII kept as is."""
+    return json.dumps(record, ensure_ascii=False)
+
+
+def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> int:
+    """Write all records atomically; returns how many were written."""
+    n = 0
+    with atomic_write(path) as f:
+        for record in records:
+            f.write(dumps(record) + "\n")
+            n += 1
+    return n
+
+
+def recover_jsonl(path: str | Path) -> tuple[list[dict[str, Any]], int]:
+    """Read an append-only JSONL file after a possible crash and repair it in place.
+
+    A last line without its newline is a write cut short: it is dropped (and cut from the file) when
+    it does not parse, or completed with a newline when it does. Returns (records, dropped lines).
+    A malformed line anywhere else is still an InputError: that is damage, not an interrupted append.
+    """
+    path = Path(path)
+    if not path.exists():
+        return [], 0
+    data = path.read_bytes()
+    complete_end = data.rfind(b"\n") + 1  # bytes up to and including the last newline
+    records = [
+        _parse_line(line, path, i)
+        for i, line in enumerate(data[:complete_end].split(b"\n"), start=1)
+        if line.strip()
+    ]
+    tail = data[complete_end:]
+    if not tail.strip():
+        return records, 0
+    tail_line = data[:complete_end].count(b"\n") + 1
+    try:
+        records.append(_parse_line(tail, path, tail_line))
+    except InputError:
+        with path.open("r+b") as f:
+            f.truncate(complete_end)
+        return records, 1
+    with path.open("ab") as f:
+        f.write(b"\n")
+    return records, 0
+
+
+class JsonlAppender:
+    """Append records one whole line at a time, flushed (and fsynced) so a crash loses at most one.
+
+    Opening an existing file first repairs it with `recover_jsonl`; `existing` holds the records
+    already there (to skip finished work when resuming) and `dropped` how many partial lines went.
+    """
+
+    def __init__(self, path: str | Path, *, fsync: bool = True) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.existing, self.dropped = recover_jsonl(self.path)
+        self._fsync = fsync
+        self._f: IO[str] | None = self.path.open("a", encoding="utf-8")
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Write one record as a complete line and push it to disk."""
+        if self._f is None:
+            raise ValueError(f"{self.path}: appender is closed")
+        self._f.write(dumps(record) + "\n")
+        self._f.flush()
+        if self._fsync:
+            os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def __enter__(self) -> JsonlAppender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# Field validation ---------------------------------------------------------------------------------
+
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    list: "a list",
+    dict: "an object",
+}
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+
+
+def check_fields(
+    record: Mapping[str, Any],
+    required: Mapping[str, type | tuple[type, ...]],
+    optional: Mapping[str, type | tuple[type, ...]] | None = None,
+    *,
+    file: str | Path | None = None,
+    line: int | None = None,
+    record_id: str | None = None,
+) -> None:
+    """Raise InputError for a missing required field or a field of the wrong type (None is allowed
+    for optional fields). bool is not accepted where an int is asked for."""
+    where = {"file": str(file) if file is not None else None, "line": line, "record": record_id}
+    for name in required:
+        if name not in record:
+            raise InputError("missing required field", field=name, **where)
+    for name, kind in {**required, **(optional or {})}.items():
+        value = record.get(name)
+        if value is None and name not in required:
+            continue
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and bool not in _as_tuple(kind))
+        if not ok:
+            raise InputError(f"expected {_type_name(kind)}, got {type(value).__name__}", field=name, **where)
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def check_str_list(
+    value: Any,
+    field: str,
+    *,
+    non_empty: bool = False,
+    file: str | Path | None = None,
+    line: int | None = None,
+    record_id: str | None = None,
+) -> tuple[str, ...]:
+    """A list of strings as a tuple; InputError if it is not one, or (with non_empty) if it has no
+    non-blank string."""
+    where = {
+        "file": str(file) if file is not None else None,
+        "line": line,
+        "record": record_id,
+        "field": field,
+    }
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise InputError(f"expected a list of strings, got {value!r:.80}", **where)
+    if non_empty and not any(v.strip() for v in value):
+        raise InputError("must hold at least one non-empty string", **where)
+    return tuple(value)
+
+
+class UniqueIds:
+    """Remembers ids already seen in one file and raises InputError on a repeat."""
+
+    def __init__(self, file: str | Path | None = None) -> None:
+        self.file = str(file) if file is not None else None
+        self._first: dict[str, int | None] = {}
+
+    def add(self, record_id: str, line: int | None = None, field: str = "id") -> None:
+        if record_id in self._first:
+            first = self._first[record_id]
+            seen = f" (first on line {first})" if first is not None else ""
+            raise InputError(f"duplicate id{seen}", file=self.file, line=line, record=record_id, field=field)
+        self._first[record_id] = line

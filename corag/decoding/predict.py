@@ -1,0 +1,138 @@
+"""`corag predict`: run a decoding strategy over a question file and write predictions as JSONL.
+
+Each line holds the official CoRAG prediction fields (query, answers, query_id, context_doc_ids,
+subqueries, subanswers, predictions) and ours (strategy, steps with doc ids, usage, model calls, and
+strategy extras). Lines are appended and flushed as questions finish; a re-run skips ids already in
+the output, so an interrupted run resumes without loss or duplicates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from tqdm import tqdm
+
+from corag.decoding import STRATEGIES, get_strategy
+from corag.errors import InputError
+from corag.executor import Executor
+from corag.prompts import task_description
+from corag.types import Example
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="corag predict", description="Run a CoRAG decoding strategy over questions.")
+    p.add_argument("--model", required=True, help="checkpoint folder (chat model)")
+    p.add_argument("--backend", default="hf", choices=["hf", "vllm"])
+    p.add_argument("--device", default=None, help="hf backend device (default: cuda if available)")
+    p.add_argument("--data", required=True, help="questions file (plain JSONL or a benchmark format)")
+    p.add_argument("--format", default=None, help="questions format (default: detected from the file)")
+    p.add_argument("--corpus", required=True, help="corpus file (.jsonl, .parquet, .arrow) or dataset folder")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--index", help="retriever folder written by `corag index`")
+    where.add_argument("--retriever-url", help="URL of a `corag serve-retriever` service")
+    p.add_argument("--strategy", default="greedy", help=f"one of {sorted(STRATEGIES)}")
+    p.add_argument("--max-steps", type=int, default=6, help="chain length L (0: answer from documents only)")
+    p.add_argument("--n", type=int, default=4, help="chains for best_of_n")
+    p.add_argument("--stop-bias", type=float, default=None, help="learned stop with this logit bias on Yes")
+    p.add_argument("--budget", type=int, default=None, help="token budget per question")
+    p.add_argument("--task", default=None, help="task name for the task description (default: each question's)")
+    p.add_argument("--max-active", type=int, default=256, help="questions decoded at once")
+    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    p.add_argument("--out", required=True, help="predictions JSONL (appended; re-runs resume)")
+    return p.parse_args(argv)
+
+
+def check_settings(args: argparse.Namespace) -> None:
+    """Reject bad settings before loading anything."""
+    get_strategy(args.strategy)
+    if args.max_steps < 0:
+        raise InputError(f"must be 0 or more, got {args.max_steps}", field="--max-steps")
+    if args.n < 1:
+        raise InputError(f"must be 1 or more, got {args.n}", field="--n")
+    if args.budget is not None and args.budget < 1:
+        raise InputError(f"must be a positive number of tokens, got {args.budget}", field="--budget")
+    if args.max_active < 1:
+        raise InputError(f"must be 1 or more, got {args.max_active}", field="--max-active")
+    if args.task is not None:
+        try:
+            task_description(args.task)
+        except ValueError as exc:
+            raise InputError(str(exc), field="--task") from None
+
+
+def strategy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"max_steps": args.max_steps, "stop_bias": args.stop_bias}
+    if args.strategy == "best_of_n":
+        kwargs["n"] = args.n
+    if args.task is not None:
+        kwargs["task_desc"] = task_description(args.task)
+    return kwargs
+
+
+def done_ids(out: Path) -> set[str]:
+    """Ids already written to `out`. A last line cut short by a crash is removed, so it is redone."""
+    if not out.is_file():
+        return set()
+    data = out.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    if len(complete) != len(data):
+        with out.open("r+b") as f:
+            f.truncate(len(complete))
+    ids = set()
+    for line_no, line in enumerate(complete.decode().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            ids.add(str(json.loads(line)["query_id"]))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise InputError("not a prediction record", file=str(out), line=line_no, field="query_id") from None
+    return ids
+
+
+def pending_examples(examples: Sequence[Example], done: set[str], data: str) -> list[Example]:
+    """Questions not yet answered; duplicate ids in the input are an error (resuming relies on ids)."""
+    seen: set[str] = set()
+    for ex in examples:
+        if ex.id in seen:
+            raise InputError("duplicate question id", file=data, record=ex.id, field="id")
+        seen.add(ex.id)
+    return [ex for ex in examples if ex.id not in done]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    check_settings(args)
+    from corag.data.corpus import Corpus
+    from corag.data.formats import load_examples
+    from corag.lm import load_lm
+    from corag.retrieval import load_retriever
+
+    examples = load_examples(args.data, args.format)[: args.limit]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    todo = pending_examples(examples, done_ids(out), args.data)
+    print(f"{len(examples) - len(todo)} of {len(examples)} questions already in {out}; {len(todo)} to go")
+    if not todo:
+        return 0
+    lm_kwargs = {"device": args.device} if args.backend == "hf" and args.device else {}
+    lm = load_lm(args.model, backend=args.backend, **lm_kwargs)
+    corpus = Corpus.load(args.corpus)
+    retriever = load_retriever(args.index or args.retriever_url)
+    strategy, kwargs = get_strategy(args.strategy), strategy_kwargs(args)
+    executor = Executor(lm, retriever, max_active=args.max_active)
+    coros = (strategy(executor.context(args.budget), ex, corpus, **kwargs) for ex in todo)
+    tokens = 0
+    with out.open("a") as f, tqdm(total=len(todo), desc=f"predict {args.strategy}", unit="q") as bar:
+        for _, result in executor.stream(coros):
+            f.write(json.dumps(result.to_record(), ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            tokens += result.usage.total
+            bar.update()
+            bar.set_postfix(tokens_per_q=tokens // bar.n)
+    print(f"wrote {len(todo)} predictions to {out} (mean {tokens / len(todo):.0f} tokens per question)")
+    return 0

@@ -1,0 +1,270 @@
+"""KILT submissions: write them, check them against a gold file, and score them as KILT does.
+
+A submission line is `{"id": ..., "output": [{"answer": "...", "provenance": [{"wikipedia_id": "..."}]}]}`.
+Scoring follows kilt/eval_downstream.py and kilt/eval_retrieval.py: per record, strict accuracy, EM,
+F1 and ROUGE-L against the gold answers; the KILT variants count a record only when the page-level
+R-precision of its provenance is 1; retrieval reports R-precision, recall@k and precision@k over
+Wikipedia ids. An empty answer scores 0 everywhere (retrieval still counts), as there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from corag.errors import InputError
+from corag.metrics import (
+    exact_match,
+    f1,
+    kilt_precision_at_k,
+    kilt_recall_at_k,
+    max_over_golds,
+    r_precision,
+    rouge_l,
+    strict_accuracy,
+)
+
+
+@dataclass(frozen=True)
+class KiltPrediction:
+    """One answer with the Wikipedia ids of the pages it rests on, best first."""
+
+    id: str
+    answer: str
+    wikipedia_ids: tuple[str, ...] = ()
+
+
+def submission_record(prediction: KiltPrediction) -> dict[str, Any]:
+    """The KILT line for a prediction; repeated page ids (several passages of a page) are kept once."""
+    pages = list(dict.fromkeys(prediction.wikipedia_ids))
+    provenance = [{"wikipedia_id": page} for page in pages]
+    return {"id": prediction.id, "output": [{"answer": prediction.answer, "provenance": provenance}]}
+
+
+def write_submission(path: str | Path, predictions: Iterable[KiltPrediction]) -> int:
+    """Write a submission JSONL atomically (temp file, then rename); returns the number of lines."""
+    path = Path(path)
+    lines, seen = [], set()
+    for index, pred in enumerate(predictions):
+        where = {"file": str(path), "record": str(pred.id)}
+        if not isinstance(pred.id, str) or not pred.id.strip():
+            raise InputError(f"prediction {index} needs a non-empty string id", **where, field="id")
+        if pred.id in seen:
+            raise InputError("duplicate id", **where, field="id")
+        if not isinstance(pred.answer, str):
+            raise InputError("answer must be a string", **where, field="answer")
+        if not all(isinstance(page, str) for page in pred.wikipedia_ids):
+            raise InputError("wikipedia ids must be strings", **where, field="wikipedia_id")
+        seen.add(pred.id)
+        lines.append(json.dumps(submission_record(pred), ensure_ascii=False))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return len(lines)
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; a line that is not a JSON object is an error."""
+    records = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError("not UTF-8 text", file=str(path), line=number) from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"not valid JSON ({err.msg})", file=str(path), line=number) from None
+            if not isinstance(obj, dict):
+                raise InputError("a line must be a JSON object", file=str(path), line=number)
+            records.append((number, obj))
+    return records
+
+
+def _record_id(obj: dict[str, Any], path: str, line: int) -> str:
+    raw = obj.get("id")
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)) or not str(raw).strip():
+        raise InputError("missing or invalid id (a string or integer)", file=path, line=line, field="id")
+    return str(raw).strip()
+
+
+def _check_provenance(output: dict[str, Any], where: dict[str, Any]) -> None:
+    if "provenance" not in output:
+        return
+    provenance = output["provenance"]
+    if not isinstance(provenance, list):
+        raise InputError("provenance must be a list", **where, field="provenance")
+    for item in provenance:
+        page = item.get("wikipedia_id") if isinstance(item, dict) else None
+        if isinstance(page, bool) or not isinstance(page, (str, int)):
+            raise InputError(
+                "each provenance entry needs a wikipedia_id (string)", **where, field="wikipedia_id"
+            )
+
+
+def _check_outputs(obj: dict[str, Any], where: dict[str, Any], *, single: bool) -> None:
+    outputs = obj.get("output")
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+        raise InputError("output must be a list of objects", **where, field="output")
+    if single and len(outputs) != 1:
+        raise InputError(
+            f"a submission needs exactly one output, found {len(outputs)}", **where, field="output"
+        )
+    for output in outputs:
+        if single and "answer" not in output:
+            raise InputError("the output has no answer", **where, field="answer")
+        if "answer" in output and not isinstance(output["answer"], str):
+            raise InputError("answer must be a string", **where, field="answer")
+        _check_provenance(output, where)
+
+
+def _index(
+    records: list[tuple[int, dict[str, Any]]], path: str, *, single: bool
+) -> dict[str, dict[str, Any]]:
+    """Records by stripped id, structure checked; a repeated id is an error."""
+    by_id: dict[str, dict[str, Any]] = {}
+    for line, obj in records:
+        record_id = _record_id(obj, path, line)
+        where = {"file": path, "line": line, "record": record_id}
+        if record_id in by_id:
+            raise InputError("duplicate id", **where, field="id")
+        _check_outputs(obj, where, single=single)
+        by_id[record_id] = obj
+    return by_id
+
+
+def load_gold(path: str | Path) -> dict[str, dict[str, Any]]:
+    """A KILT gold file by id (file order kept), structure checked."""
+    return _index(read_jsonl(path), str(path), single=False)
+
+
+def validate_submission(
+    submission: str | Path, gold: str | Path, *, allow_extra: bool = False
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Check a submission against a gold file; returns (gold, guess) pairs in gold order.
+
+    Every gold id needs exactly one line with one output holding a string answer; ids not in the gold
+    file are an error unless `allow_extra` (then they are left out, and a count is printed).
+    """
+    gold_by_id = load_gold(gold)
+    guess_by_id = _index(read_jsonl(submission), str(submission), single=True)
+    missing = [record_id for record_id in gold_by_id if record_id not in guess_by_id]
+    if missing:
+        raise InputError(
+            f"no prediction for {len(missing)} gold id(s), first {missing[0]!r}",
+            file=str(submission),
+            record=missing[0],
+            field="id",
+        )
+    extra = [record_id for record_id in guess_by_id if record_id not in gold_by_id]
+    if extra and not allow_extra:
+        raise InputError(
+            f"{len(extra)} id(s) not in the gold file {gold}, first {extra[0]!r}",
+            file=str(submission),
+            record=extra[0],
+            field="id",
+        )
+    if extra:
+        print(f"left out {len(extra)} submission id(s) not in the gold file", file=sys.stderr)
+    return [(gold_by_id[record_id], guess_by_id[record_id]) for record_id in gold_by_id]
+
+
+def gold_answers(gold: dict[str, Any]) -> list[str]:
+    """The distinct non-empty stripped answers of a gold record, in file order."""
+    answers = [o["answer"].strip() for o in gold["output"] if isinstance(o.get("answer"), str)]
+    return list(dict.fromkeys(answer for answer in answers if answer))
+
+
+def provenance_sets(record: dict[str, Any]) -> list[list[str]]:
+    """The Wikipedia ids of each output that has provenance (one evidence set per output)."""
+    return [
+        [str(p["wikipedia_id"]).strip() for p in output["provenance"]]
+        for output in record["output"]
+        if "provenance" in output
+    ]
+
+
+def score_record(gold: dict[str, Any], guess: dict[str, Any], ks: Sequence[int] = (1, 5)) -> dict[str, float]:
+    """KILT's per-record numbers: downstream, KILT variants and retrieval, each in [0, 1]."""
+    answers = gold_answers(gold)
+    if not answers:
+        raise InputError("gold record has no answer", record=str(gold["id"]), field="answer")
+    guess_pages = [page for pages in provenance_sets(guess)[:1] for page in pages]
+    gold_sets = provenance_sets(gold)
+    rprec = r_precision(guess_pages, gold_sets)
+    row = {"Rprec": rprec}
+    for k in ks:
+        row[f"recall@{k}"] = kilt_recall_at_k(guess_pages, gold_sets, k)
+        row[f"precision@{k}"] = kilt_precision_at_k(guess_pages, gold_sets, k)
+    answer = guess["output"][0]["answer"].strip()
+    downstream = {"accuracy": 0.0, "em": 0.0, "f1": 0.0, "rougel": 0.0}
+    if answer:
+        downstream = {
+            "accuracy": strict_accuracy(answer, answers),
+            "em": max_over_golds(exact_match, answer, answers),
+            "f1": max_over_golds(f1, answer, answers),
+            "rougel": max_over_golds(rouge_l, answer, answers),
+        }
+    row.update(downstream)
+    for name, value in downstream.items():
+        row[f"KILT-{name}"] = value if rprec == 1 else 0.0
+    return row
+
+
+def score_pairs(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], ks: Sequence[int] = (1, 5)) -> dict:
+    """Mean KILT scores over aligned (gold, guess) pairs, grouped as KILT reports them."""
+    rows = [score_record(gold, guess, ks) for gold, guess in pairs]
+    mean = {key: sum(row[key] for row in rows) / len(rows) for key in rows[0]} if rows else {}
+    retrieval_keys = ["Rprec"] + [f"{m}@{k}" for k in ks for m in ("recall", "precision")]
+    downstream_keys = ["accuracy", "em", "f1", "rougel"]
+    return {
+        "downstream": {key: mean.get(key, 0.0) for key in downstream_keys},
+        "kilt": {f"KILT-{key}": mean.get(f"KILT-{key}", 0.0) for key in downstream_keys},
+        "retrieval": {key: mean.get(key, 0.0) for key in retrieval_keys},
+        "count": len(rows),
+    }
+
+
+def score_submission(
+    submission: str | Path, gold: str | Path, *, ks: Sequence[int] = (1, 5), allow_extra: bool = False
+) -> dict:
+    """Validate a submission against a gold KILT file and score it (see `score_pairs`)."""
+    return score_pairs(validate_submission(submission, gold, allow_extra=allow_extra), ks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Score a KILT submission: `python -m corag.kilt SUBMISSION GOLD [--ks 1,5]`; prints JSON."""
+    parser = argparse.ArgumentParser(prog="corag.kilt", description=main.__doc__)
+    parser.add_argument("submission", help="submission JSONL")
+    parser.add_argument("gold", help="gold KILT JSONL")
+    parser.add_argument("--ks", default="1,5", help="comma-separated k for recall@k and precision@k")
+    parser.add_argument("--allow-extra", action="store_true", help="leave out ids not in the gold file")
+    args = parser.parse_args(argv)
+    ks = [int(k) for k in args.ks.split(",")]
+    try:
+        result = score_submission(args.submission, args.gold, ks=ks, allow_extra=args.allow_extra)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

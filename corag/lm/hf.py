@@ -1,0 +1,293 @@
+"""The transformers backend: batched generation with our own KV-cache decoding loop, and scoring.
+
+Our own loop (not `model.generate`) gives each request its own temperature, length, stop strings and
+seed. Every sampled sequence draws from its own generator seeded by (request seed, sample index), so a
+request's outputs do not depend on which other requests share its batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import secrets
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from corag.lm.base import Completion, GenerationRequest, Message, Score, ScoreRequest
+from corag.lm.render import ChatRenderer
+from corag.types import Usage
+
+UNBOUNDED = 1_000_000  # tokenizers without a real limit report a huge model_max_length
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """A 63-bit seed for sample `index` of a request seeded with `seed` (well mixed, no collisions
+    between nearby pairs)."""
+    digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def truncate_ids(ids: Sequence[int], max_tokens: int, middle: bool) -> list[int]:
+    """The first `max_tokens` ids, or with `middle` the first and last halves."""
+    if len(ids) <= max_tokens:
+        return list(ids)
+    if not middle:
+        return list(ids[:max_tokens])
+    head = max_tokens - max_tokens // 2
+    tail = max_tokens // 2
+    return list(ids[:head]) + (list(ids[-tail:]) if tail else [])
+
+
+def stop_index(text: str, stops: Sequence[str]) -> int | None:
+    """Where the earliest stop string starts in `text`, or None."""
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(found) if found else None
+
+
+def completion_text(
+    tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], end_ids: Collection[int], stops: Sequence[str]
+) -> str:
+    """The text of generated `ids`: without a final end-of-turn token, special tokens skipped, cut
+    before the first stop string."""
+    if ids and ids[-1] in end_ids:
+        ids = ids[:-1]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    cut = stop_index(text, stops)
+    return text if cut is None else text[:cut]
+
+
+def context_error(prompt_tokens: int, max_context: int) -> ValueError:
+    return ValueError(
+        f"prompt of {prompt_tokens} tokens does not fit the model's context of {max_context} tokens"
+    )
+
+
+@dataclass
+class _Seq:
+    """One sequence being decoded: a request's sample."""
+
+    request: int
+    prompt: tuple[int, ...]
+    max_new: int
+    temperature: float
+    stop: tuple[str, ...]
+    generator: torch.Generator | None
+    copies: int = 1  # greedy samples are identical: decode once, report `copies` times
+    ids: list[int] = field(default_factory=list)
+    text: str | None = None  # set when finished
+    done: bool = False
+
+
+class HFLM:
+    """A transformers causal LM behind the LM protocol (bf16 on GPU, fp32 on CPU, eval mode)."""
+
+    def __init__(
+        self,
+        model: str | Path | PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        batch_size: int = 64,
+        max_context: int | None = None,
+    ) -> None:
+        if isinstance(model, (str, Path)):
+            name = str(model)
+            device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device)
+        else:
+            name = model.name_or_path
+            if device is not None:
+                model = model.to(device)
+            if dtype is not None:
+                model = model.to(dtype)
+        self.model = model.eval()
+        # transformers 5.24 renamed the forward argument `past_key_values` to `cache`; 5.19 has only the
+        # old name, and the new releases warn on it.
+        forward_args = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        self.device = model.device
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(name)
+        self.renderer = ChatRenderer(self.tokenizer, name)
+        self.batch_size = batch_size
+        self.end_ids = self.renderer.end_ids | _config_eos_ids(model)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.end_ids)
+        limits = [model.config.get_text_config().max_position_embeddings]
+        if self.tokenizer.model_max_length < UNBOUNDED:
+            limits.append(self.tokenizer.model_max_length)
+        self._max_context = max_context or min(limits)
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    # Counting and truncation -------------------------------------------------------------------
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
+        return len(self.renderer.prompt_ids(messages))
+
+    def count_score_tokens(self, request: ScoreRequest) -> int:
+        return len(self.renderer.scored_ids(request.messages, request.target)[0])
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.renderer.encode(text))
+
+    def truncate_tokens(self, text: str, max_tokens: int, *, middle: bool = False) -> str:
+        ids = self.renderer.encode(text)
+        if len(ids) <= max_tokens:
+            return text
+        return self.tokenizer.decode(truncate_ids(ids, max_tokens, middle))
+
+    # Generation --------------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Continue each request's conversation with an assistant turn, `n` samples each."""
+        seqs, prompts = self._expand(requests)
+        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i].prompt))
+        for start in range(0, len(order), self.batch_size):
+            self._decode([seqs[i] for i in order[start : start + self.batch_size]])
+        texts: list[list[str]] = [[] for _ in requests]
+        generated = [0] * len(requests)
+        for seq in seqs:
+            texts[seq.request].extend([seq.text] * seq.copies)
+            generated[seq.request] += len(seq.ids) * seq.copies
+        return [
+            Completion(tuple(t), Usage(r.n * p, g, 1))
+            for r, p, t, g in zip(requests, prompts, texts, generated, strict=True)
+        ]
+
+    def _expand(self, requests: Sequence[GenerationRequest]) -> tuple[list[_Seq], list[int]]:
+        """One sequence per sample, each sampled one with its own seeded generator; the `n` samples of
+        a greedy request are one sequence (charged `n` times, as if decoded `n` times)."""
+        seqs, prompts = [], []
+        for r, request in enumerate(requests):
+            prompt = self.renderer.prompt_ids(request.messages)
+            if len(prompt) > self.max_context:
+                raise context_error(len(prompt), self.max_context)
+            prompts.append(len(prompt))
+            max_new = min(request.max_new_tokens, self.max_context - len(prompt))
+            if request.temperature <= 0:
+                seqs.append(_Seq(r, prompt, max_new, 0.0, request.stop, None, copies=request.n))
+                continue
+            seed = request.seed if request.seed is not None else secrets.randbits(63)
+            for j in range(request.n):
+                generator = torch.Generator(self.device).manual_seed(sample_seed(seed, j))
+                seqs.append(_Seq(r, prompt, max_new, request.temperature, request.stop, generator))
+        return seqs, prompts
+
+    @torch.inference_mode()
+    def _decode(self, seqs: list[_Seq]) -> None:
+        """Decode one micro-batch with left padding and a KV cache until every sequence is done."""
+        for seq in seqs:
+            if seq.max_new <= 0:
+                self._finish(seq)
+        width = max(len(s.prompt) for s in seqs)
+        input_ids = torch.tensor(
+            [[self.pad_id] * (width - len(s.prompt)) + list(s.prompt) for s in seqs], device=self.device
+        )
+        mask = torch.tensor(
+            [[0] * (width - len(s.prompt)) + [1] * len(s.prompt) for s in seqs], device=self.device
+        )
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        while not all(s.done for s in seqs):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_arg: cache},
+            )
+            logits = out.logits[:, -1, :].float()
+            next_ids = [self._pick(seq, logits[i]) for i, seq in enumerate(seqs)]
+            for seq, token in zip(seqs, next_ids, strict=True):
+                if not seq.done:
+                    self._advance(seq, token)
+            input_ids = torch.tensor(next_ids, device=self.device)[:, None]
+            mask = torch.cat([mask, mask.new_ones(len(seqs), 1)], dim=1)
+            positions = positions[:, -1:] + 1
+
+    def _pick(self, seq: _Seq, logits: torch.Tensor) -> int:
+        if seq.done:
+            return self.pad_id
+        if seq.generator is None:
+            return int(logits.argmax())
+        probs = torch.softmax(logits / seq.temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=seq.generator))
+
+    def _advance(self, seq: _Seq, token: int) -> None:
+        seq.ids.append(token)
+        seq.done = (
+            token in self.end_ids
+            or len(seq.ids) >= seq.max_new
+            or (
+                bool(seq.stop)
+                and stop_index(self.tokenizer.decode(seq.ids, skip_special_tokens=True), seq.stop) is not None
+            )
+        )
+        if seq.done:
+            self._finish(seq)
+
+    def _finish(self, seq: _Seq) -> None:
+        seq.text, seq.done = completion_text(self.tokenizer, seq.ids, self.end_ids, seq.stop), True
+
+    # Scoring -----------------------------------------------------------------------------------
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Score]:
+        """Log-probabilities of each target's tokens (content and end-of-turn) after its messages."""
+        rendered = [self.renderer.scored_ids(r.messages, r.target) for r in requests]
+        for ids, _ in rendered:
+            if len(ids) > self.max_context:
+                raise context_error(len(ids), self.max_context)
+        order = sorted(range(len(rendered)), key=lambda i: -len(rendered[i][0]))
+        results: list[Score | None] = [None] * len(requests)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            for i, logprobs in zip(chunk, self._score_batch([rendered[i] for i in chunk]), strict=True):
+                results[i] = Score(tuple(logprobs), Usage(len(rendered[i][0]), 0, 1))
+        return results
+
+    @torch.inference_mode()
+    def _score_batch(self, rendered: list[tuple[tuple[int, ...], int]]) -> list[list[float]]:
+        """One left-padded forward pass; the scored tokens end every row, so only the last positions'
+        logits are computed."""
+        width = max(len(ids) for ids, _ in rendered)
+        keep = max(len(ids) - start for ids, start in rendered) + 1
+        input_ids = torch.tensor(
+            [[self.pad_id] * (width - len(ids)) + list(ids) for ids, _ in rendered], device=self.device
+        )
+        mask = torch.tensor(
+            [[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in rendered], device=self.device
+        )
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep
+        )
+        logprobs = out.logits[:, :-1, :].float().log_softmax(-1)  # position p predicts token p + 1
+        targets = input_ids[:, width - keep + 1 :]
+        picked = logprobs.gather(-1, targets[..., None])[..., 0].cpu()
+        return [
+            picked[i, keep - 1 - (len(ids) - start) :].tolist() for i, (ids, start) in enumerate(rendered)
+        ]
+
+
+def _config_eos_ids(model: PreTrainedModel) -> frozenset[int]:
+    """End ids the checkpoint's generation config declares (one id or a list)."""
+    config = model.generation_config
+    eos = config.eos_token_id if config is not None else None
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)

@@ -1,0 +1,94 @@
+"""Chat rendering shared by every backend: messages -> token ids through the tokenizer's own template.
+
+The template text already holds any begin-of-text token, so rendered text is tokenized without adding
+special tokens again. Scored targets are located by rendering with and without the assistant turn, so no
+model-specific token ids are needed anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import lru_cache
+
+from transformers import PreTrainedTokenizerBase
+
+from corag.errors import InputError
+from corag.lm.base import Message
+
+CACHE_SIZE = 65536
+
+
+def _key(messages: Sequence[Message]) -> str:
+    return json.dumps(list(messages), ensure_ascii=False, sort_keys=True)
+
+
+class ChatRenderer:
+    """Renders chat messages to token ids with a tokenizer's chat template; results are cached
+    because strategies count a prompt's tokens before sending it."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, name: str = "") -> None:
+        if not tokenizer.chat_template:
+            raise InputError(
+                "the tokenizer has no chat template; corag renders every prompt with the model's own "
+                "template, so use an instruct/chat checkpoint or set tokenizer.chat_template",
+                file=name or tokenizer.name_or_path or None,
+                field="chat_template",
+            )
+        self.tokenizer = tokenizer
+        self._prompt = lru_cache(maxsize=CACHE_SIZE)(self._render_prompt)
+        self._scored = lru_cache(maxsize=CACHE_SIZE)(self._render_scored)
+        self.end_ids = self._end_of_turn_ids()
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` with no special tokens added (templates carry their own)."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_ids(self, messages: Sequence[Message]) -> tuple[int, ...]:
+        """Ids of the conversation followed by the assistant generation prompt."""
+        return self._prompt(_key(messages))
+
+    def scored_ids(self, messages: Sequence[Message], target: str) -> tuple[tuple[int, ...], int]:
+        """Ids of the conversation with `target` as the assistant turn, cut after its end-of-turn token,
+        and the index where the target's tokens begin (the scored tokens are ids[start:])."""
+        return self._scored(_key(messages), target)
+
+    def _template(self, messages: list[Message], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=False
+        )
+
+    def _render_prompt(self, key: str) -> tuple[int, ...]:
+        return tuple(self.encode(self._template(json.loads(key), True)))
+
+    def _render_scored(self, key: str, target: str) -> tuple[tuple[int, ...], int]:
+        messages = json.loads(key)
+        prompt_text = self._template(messages, True)
+        full_text = self._template([*messages, {"role": "assistant", "content": target}], False)
+        # Templates may trim the content (Llama-3 does); accept the target as written or trimmed.
+        content = next(
+            (c for c in (target, target.strip()) if full_text.startswith(prompt_text + c)),
+            None,
+        )
+        if content is None:
+            raise ValueError(
+                "the chat template does not render an assistant turn as the generation prompt followed "
+                "by its content, so the target's tokens cannot be located"
+            )
+        prompt = self.encode(prompt_text)
+        upto_content = self.encode(prompt_text + content)
+        full = self.encode(full_text)
+        if full[: len(upto_content)] != upto_content or upto_content[: len(prompt)] != prompt:
+            raise ValueError("the target's tokens merge with the template's tokens around them")
+        if len(full) == len(upto_content):
+            raise ValueError("the chat template puts no end-of-turn token after the assistant content")
+        return tuple(full[: len(upto_content) + 1]), len(prompt)
+
+    def _end_of_turn_ids(self) -> frozenset[int]:
+        """The token the template closes an assistant turn with, plus the tokenizer's eos token."""
+        ids = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        ids_scored, _ = self.scored_ids(({"role": "user", "content": "Hello"},), "Hi")
+        ids.add(ids_scored[-1])
+        return frozenset(ids)

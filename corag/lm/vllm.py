@@ -1,0 +1,147 @@
+"""The vLLM backend: the offline engine for sampling and evaluation on GPUs.
+
+Prompts are rendered to token ids by the same code as the transformers backend (corag.lm.render), so
+both backends see identical inputs and charge identical usage. vLLM is an optional extra, imported when
+an engine is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from corag.lm.base import Completion, GenerationRequest, Message, Score, ScoreRequest
+from corag.lm.hf import completion_text, context_error, sample_seed, truncate_ids
+from corag.lm.render import ChatRenderer
+from corag.types import Usage
+
+
+class VLLMLM:
+    """A vLLM offline engine behind the LM protocol.
+
+    Each request's seed is mixed as in the transformers backend and handed to vLLM, which seeds sample
+    `i` with seed + i. Greedy requests are decoded once and their text repeated `n` times.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.9,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        enable_prefix_caching: bool = True,
+        **engine_kwargs: Any,
+    ) -> None:
+        from vllm import LLM
+
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.renderer = ChatRenderer(self.tokenizer, path)
+        self.engine = LLM(
+            path,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            seed=seed,
+            enable_prefix_caching=enable_prefix_caching,
+            **engine_kwargs,
+        )
+        self.end_ids = sorted(self.renderer.end_ids)
+        self._max_context = self.engine.llm_engine.model_config.max_model_len
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    # Counting and truncation -------------------------------------------------------------------
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
+        return len(self.renderer.prompt_ids(messages))
+
+    def count_score_tokens(self, request: ScoreRequest) -> int:
+        return len(self.renderer.scored_ids(request.messages, request.target)[0])
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.renderer.encode(text))
+
+    def truncate_tokens(self, text: str, max_tokens: int, *, middle: bool = False) -> str:
+        ids = self.renderer.encode(text)
+        if len(ids) <= max_tokens:
+            return text
+        return self.tokenizer.decode(truncate_ids(ids, max_tokens, middle))
+
+    # Generation --------------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Continue each request's conversation with an assistant turn, `n` samples each."""
+        from vllm import SamplingParams
+
+        prompts = [self.renderer.prompt_ids(r.messages) for r in requests]
+        sent, params = [], []
+        for request, prompt in zip(requests, prompts, strict=True):
+            if len(prompt) > self.max_context:
+                raise context_error(len(prompt), self.max_context)
+            max_new = min(request.max_new_tokens, self.max_context - len(prompt))
+            if max_new <= 0 or request.n <= 0:
+                continue
+            greedy = request.temperature <= 0
+            seed = None if greedy or request.seed is None else sample_seed(request.seed, 0)
+            sent.append({"prompt_token_ids": list(prompt)})
+            params.append(
+                SamplingParams(
+                    n=1 if greedy else request.n,
+                    temperature=max(request.temperature, 0.0),
+                    max_tokens=max_new,
+                    stop=list(request.stop) or None,
+                    stop_token_ids=self.end_ids,
+                    seed=seed,
+                )
+            )
+        outputs = iter(self.engine.generate(sent, params, use_tqdm=False) if sent else [])
+        completions = []
+        for (
+            request,
+            prompt,
+        ) in zip(requests, prompts, strict=True):
+            if min(request.max_new_tokens, self.max_context - len(prompt)) <= 0 or request.n <= 0:
+                texts, generated = ("",) * request.n, 0
+            else:
+                samples = next(outputs).outputs
+                copies = request.n if request.temperature <= 0 else 1
+                # Decoded as the transformers backend does: vLLM's incremental text drops a final
+                # incomplete character, which a plain decode keeps as a replacement character.
+                texts = tuple(
+                    completion_text(self.tokenizer, list(s.token_ids), self.end_ids, request.stop)
+                    for s in samples
+                )
+                texts = texts * copies
+                generated = sum(len(s.token_ids) for s in samples) * copies
+            completions.append(Completion(texts, Usage(request.n * len(prompt), generated, 1)))
+        return completions
+
+    # Scoring -----------------------------------------------------------------------------------
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Score]:
+        """Log-probabilities of each target's tokens (content and end-of-turn) after its messages,
+        read from vLLM's prompt log-probabilities over prompt plus target."""
+        from vllm import SamplingParams
+
+        rendered = [self.renderer.scored_ids(r.messages, r.target) for r in requests]
+        for ids, _ in rendered:
+            # vLLM needs room for the one token it generates after the scored prompt.
+            if len(ids) >= self.max_context:
+                raise context_error(len(ids), self.max_context - 1)
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outputs = self.engine.generate(
+            [{"prompt_token_ids": list(ids)} for ids, _ in rendered], params, use_tqdm=False
+        )
+        scores = []
+        for (ids, start), output in zip(rendered, outputs, strict=True):
+            logprobs = tuple(output.prompt_logprobs[p][ids[p]].logprob for p in range(start, len(ids)))
+            scores.append(Score(logprobs, Usage(len(ids), 0, 1)))
+        return scores

@@ -1,0 +1,466 @@
+"""Rejection sampling (METHODS.md 1.3): sample chains per training question, keep the one under which
+the gold answer is most likely.
+
+For each question, `num_chains` chains are sampled, each with its own maximum length drawn from
+[min_length, max_length]: sub-queries at temperature 0.7, sub-answers greedy over the top-5 documents.
+After each step the chain is scored by the mean log-likelihood of the first gold answer (the scoring
+prompt is a named option, recorded in the output); a chain stops growing early when its sub-answer
+matches a gold answer (normalised EM) or that score exceeds -0.05. The chain with the highest score
+is kept.
+
+Runs are sharded (`--shard i --num-shards n`), append whole records to their shard's file with a
+flush per record, and resume by skipping finished question ids. `corag merge` joins the shards in
+input order and checks that every question appears exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from corag.chain import CorpusLike, call_seed, fit_context, next_subquery, subanswer
+from corag.config import parse_config
+from corag.data.jsonl import JsonlAppender, iter_jsonl, write_jsonl
+from corag.errors import InputError
+from corag.executor import Context, Executor
+from corag.lm.base import ScoreRequest
+from corag.metrics import exact_match, max_over_golds
+from corag.prompts import FINAL_NUM_DOCS, final_answer_messages, task_description
+from corag.types import Example, Passage, Step
+
+# How a chain is scored: the prompt under which log P(gold answer | query, chain) is measured.
+SCORING_PROMPTS = ("final_no_docs", "final_with_docs")
+
+
+@dataclass
+class SamplingConfig:
+    """Everything that decides which chains a run produces (hashed into every record)."""
+
+    num_chains: int = field(default=16, metadata={"help": "chains sampled per question"})
+    min_length: int = field(default=1, metadata={"help": "shortest maximum chain length drawn"})
+    max_length: int = field(default=5, metadata={"help": "longest maximum chain length drawn"})
+    temperature: float = field(default=0.7, metadata={"help": "sub-query sampling temperature"})
+    top_k: int = field(default=5, metadata={"help": "documents per sub-query"})
+    early_stop_logprob: float = field(
+        default=-0.05, metadata={"help": "stop a chain once the mean gold log-likelihood exceeds this"}
+    )
+    scoring_prompt: str = field(
+        default="final_no_docs",
+        metadata={"help": f"one of {SCORING_PROMPTS}: call C without or with documents"},
+    )
+    keep_candidates: bool = field(
+        default=False, metadata={"help": "also write every sampled chain and its score"}
+    )
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.num_chains < 1:
+            raise InputError(f"must be at least 1, got {self.num_chains}", field="num_chains")
+        if not 1 <= self.min_length <= self.max_length:
+            raise InputError(
+                f"need 1 <= min_length <= max_length, got {self.min_length}..{self.max_length}",
+                field="min_length",
+            )
+        if self.scoring_prompt not in SCORING_PROMPTS:
+            raise InputError(
+                f"unknown scoring prompt; choose one of {SCORING_PROMPTS}", field="scoring_prompt"
+            )
+
+
+@dataclass
+class SampledChain:
+    steps: tuple[Step, ...]
+    score: float
+    max_length: int
+    early_stop: str | None  # "answer_match", "likelihood" or None
+
+
+async def gold_logprob(
+    ctx: Context, example: Example, steps: Sequence[Step], passages: Sequence[Passage]
+) -> float:
+    """Mean log-probability of the first gold answer as call C's answer given the chain."""
+    messages = final_answer_messages(
+        example.query, steps, task_description(example.task), passages, tok=ctx.lm
+    )
+    target = example.answers[0]
+    room = ctx.lm.count_score_tokens(ScoreRequest(tuple(messages), target)) - ctx.lm.count_prompt_tokens(
+        messages
+    )
+    request = ScoreRequest(tuple(fit_context(ctx.lm, messages, max(room, 0))), target)
+    return (await ctx.score(request)).mean
+
+
+async def sample_one_chain(
+    ctx: Context,
+    example: Example,
+    corpus: CorpusLike,
+    config: SamplingConfig,
+    index: int,
+    max_length: int,
+    passages: Sequence[Passage],
+) -> SampledChain:
+    """Grow one chain to at most `max_length` steps, scoring it after every step."""
+    steps: list[Step] = []
+    task_desc = task_description(example.task)
+    score, early_stop = float("-inf"), None
+    while len(steps) < max_length:
+        seed = call_seed(example.id, f"sample-{config.seed}-{index}", len(steps), 0)
+        query = await next_subquery(ctx, example.query, steps, task_desc, config.temperature, seed)
+        steps.append(await subanswer(ctx, query, corpus, k=config.top_k))
+        score = await gold_logprob(ctx, example, steps, passages)
+        if max_over_golds(exact_match, steps[-1].subanswer, example.answers):
+            early_stop = "answer_match"
+        elif score > config.early_stop_logprob:
+            early_stop = "likelihood"
+        if early_stop:
+            break
+    return SampledChain(tuple(steps), score, max_length, early_stop)
+
+
+def chain_lengths(example_id: str, config: SamplingConfig) -> list[int]:
+    """Each chain's maximum length, drawn uniformly, fixed by the question id and the seed."""
+    seed = int.from_bytes(
+        hashlib.blake2b(f"{config.seed}|{example_id}".encode(), digest_size=8).digest(), "big"
+    )
+    rng = random.Random(seed)
+    return [rng.randint(config.min_length, config.max_length) for _ in range(config.num_chains)]
+
+
+async def sample_question(
+    ctx: Context, example: Example, corpus: CorpusLike, config: SamplingConfig, config_hash: str = ""
+) -> dict[str, Any]:
+    """All chains of one question, concurrently; the record of the best one."""
+    hits = await ctx.search(example.query, FINAL_NUM_DOCS)
+    context_ids = [h.doc_id for h in hits]
+    passages = corpus.get_many(context_ids) if config.scoring_prompt == "final_with_docs" else []
+    chains: list[SampledChain] = await ctx.gather(
+        *(
+            sample_one_chain(ctx, example, corpus, config, i, length, passages)
+            for i, length in enumerate(chain_lengths(example.id, config))
+        )
+    )
+    best = max(range(len(chains)), key=lambda i: chains[i].score)  # first of equal scores
+    record = chain_record(example, chains[best], context_ids, config, config_hash)
+    record["tokens"] = ctx.meter.usage.total
+    record["model_calls"] = ctx.meter.usage.calls
+    if config.keep_candidates:
+        record["candidates"] = [
+            {
+                "subqueries": [s.subquery for s in c.steps],
+                "subanswers": [s.subanswer for s in c.steps],
+                "doc_ids": [list(s.doc_ids) for s in c.steps],
+                "score": round_score(c.score),
+                "max_length": c.max_length,
+                "early_stop": c.early_stop,
+            }
+            for c in chains
+        ]
+    return record
+
+
+def round_score(score: float) -> float:
+    """Scores are written to 6 decimals so records do not depend on last-bit float noise of batching."""
+    return round(score, 6)
+
+
+def chain_record(
+    example: Example, chain: SampledChain, context_ids: list[str], config: SamplingConfig, config_hash: str
+) -> dict[str, Any]:
+    """The corag/multihopqa schema (query, answers, query_id, context_doc_ids, subqueries, subanswers,
+    predictions) plus per-step document ids, the score and the run's config hash.
+
+    `predictions` is empty: rejection sampling writes no final answer (the fine-tuning stage's
+    final-answer target is the gold answer).
+    """
+    return {
+        "query": example.query,
+        "answers": list(example.answers),
+        "query_id": example.id,
+        "context_doc_ids": context_ids,
+        "subqueries": [s.subquery for s in chain.steps],
+        "subanswers": [s.subanswer for s in chain.steps],
+        "predictions": "",
+        "task": example.task,
+        "steps": [
+            {"subquery": s.subquery, "subanswer": s.subanswer, "doc_ids": list(s.doc_ids)}
+            for s in chain.steps
+        ],
+        "score": round_score(chain.score),
+        "max_length": chain.max_length,
+        "early_stop": chain.early_stop,
+        "scoring_prompt": config.scoring_prompt,
+        "config_hash": config_hash,
+    }
+
+
+# Validation -----------------------------------------------------------------------------------------
+
+
+def referenced_ids(example: Example) -> list[str]:
+    """Corpus ids a question names: supporting passages, gold chain documents, context documents."""
+    ids = list(example.supporting_ids)
+    for step in example.decomposition:
+        ids.extend(step.doc_ids)
+    ids.extend(str(i) for i in example.meta.get("context_doc_ids", ()) or ())
+    return ids
+
+
+def validate_questions(
+    examples: Sequence[Example],
+    corpus: Any,
+    source: str,
+    skip_invalid: bool,
+    load_errors: Sequence[InputError] = (),
+) -> tuple[list[Example], Counter[str]]:
+    """Check every question before any work starts: unique ids, answers present, corpus ids exist.
+
+    Without `skip_invalid` the first problem is an InputError naming the file, id and field; with it,
+    invalid questions are dropped and counted by field (records the loader already rejected, passed
+    as `load_errors`, are counted too; of a duplicated id the first copy is kept).
+    """
+    skipped: Counter[str] = Counter(error.field or "record" for error in load_errors)
+    seen: set[str] = set()
+    valid = []
+    for example in examples:
+        problem: tuple[str, str] | None = None
+        if example.id in seen:
+            problem = ("duplicate question id", "id")
+        elif not example.answers or not all(a.strip() for a in example.answers):
+            problem = ("question without answers", "answers")
+        else:
+            missing = [d for d in referenced_ids(example) if not _in_corpus(corpus, d)]
+            if missing:
+                problem = (f"corpus has no document {missing[0]!r}", "doc_ids")
+        seen.add(example.id)
+        if problem is None:
+            valid.append(example)
+        elif skip_invalid:
+            skipped[problem[1]] += 1
+        else:
+            raise InputError(problem[0], file=source, record=example.id, field=problem[1])
+    return valid, skipped
+
+
+def _in_corpus(corpus: Any, doc_id: str) -> bool:
+    try:
+        corpus.row(doc_id)
+    except InputError:
+        return False
+    return True
+
+
+# Shards, resume, merge -------------------------------------------------------------------------------
+
+
+def shard_path(out_dir: Path, shard: int, num_shards: int) -> Path:
+    return out_dir / f"chains-{shard:05d}-of-{num_shards:05d}.jsonl"
+
+
+def config_hash(values: dict[str, Any]) -> str:
+    """A short stable hash of what determines the chains (not of sharding or resume state)."""
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_sampling(
+    examples: Sequence[Example],
+    corpus: CorpusLike,
+    lm: Any,
+    retriever: Any,
+    config: SamplingConfig,
+    out_path: Path,
+    *,
+    hash_inputs: dict[str, Any] | None = None,
+    max_active: int = 64,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Sample every question not yet in `out_path`, appending records; return the run summary."""
+    config.check()
+    digest = config_hash({**asdict(config), **(hash_inputs or {})})
+    with JsonlAppender(out_path) as out:
+        done = {r["query_id"] for r in out.existing}
+        for record in out.existing:
+            if record.get("config_hash") != digest:
+                raise InputError(
+                    "this file was written with another config (delete it or use another --out_dir)",
+                    file=str(out_path),
+                    record=record.get("query_id"),
+                    field="config_hash",
+                )
+        todo = [e for e in examples if e.id not in done]
+        executor = Executor(lm, retriever, max_active=max_active)
+        start, tokens, chains = time.perf_counter(), 0, 0
+        bar = tqdm(total=len(todo), desc="sampling", unit="q", disable=not progress, file=sys.stderr)
+        stream = executor.map(
+            lambda e: sample_question(Context(lm, retriever), e, corpus, config, digest), todo
+        )
+        for _, record in stream:
+            out.append(record)
+            tokens += record["tokens"]
+            chains += config.num_chains
+            elapsed = max(time.perf_counter() - start, 1e-9)
+            bar.set_postfix(chains_s=f"{chains / elapsed:.1f}", tok_s=f"{tokens / elapsed:.0f}")
+            bar.update(1)
+        bar.close()
+    records, _ = _read_records(out_path)
+    summary = summarize(records)
+    summary.update(resumed_from=len(done), sampled_now=len(todo), dropped_partial_lines=out.dropped)
+    return summary
+
+
+def _read_records(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    records, lines = [], []
+    for line_no, record in iter_jsonl(path):
+        records.append(record)
+        lines.append(line_no)
+    return records, lines
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Chains kept, mean score, chain length histogram and early-stop rate."""
+    if not records:
+        return {"chains_kept": 0}
+    lengths = Counter(len(r["subqueries"]) for r in records)
+    stops = Counter(r.get("early_stop") or "none" for r in records)
+    return {
+        "chains_kept": len(records),
+        "mean_score": sum(r["score"] for r in records) / len(records),
+        "length_histogram": {str(k): lengths[k] for k in sorted(lengths)},
+        "early_stop_rate": 1.0 - stops["none"] / len(records),
+        "early_stops": dict(stops),
+        "mean_tokens_per_question": sum(r.get("tokens", 0) for r in records) / len(records),
+    }
+
+
+def merge_shards(shard_files: Sequence[Path], examples: Sequence[Example], out: Path) -> int:
+    """Join shard files into `out` in the questions' order; every id exactly once, or an InputError."""
+    by_id: dict[str, dict[str, Any]] = {}
+    for path in shard_files:
+        for line_no, record in iter_jsonl(path):
+            qid = record.get("query_id")
+            if qid in by_id:
+                raise InputError(
+                    "duplicate question id across shards",
+                    file=str(path),
+                    line=line_no,
+                    record=qid,
+                    field="query_id",
+                )
+            by_id[qid] = record
+    wanted = [e.id for e in examples]
+    missing = [q for q in wanted if q not in by_id]
+    if missing:
+        raise InputError(
+            f"{len(missing)} question(s) missing from the shards, first {missing[:5]}", field="query_id"
+        )
+    extra = sorted(set(by_id) - set(wanted))
+    if extra:
+        raise InputError(f"{len(extra)} record(s) for unknown questions, first {extra[:5]}", field="query_id")
+    return write_jsonl(out, (by_id[q] for q in wanted))
+
+
+# Command line ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class SamplingArguments(SamplingConfig):
+    """`corag sample` / sampling/sample.py: one shard of a rejection-sampling run."""
+
+    model: str = field(default="", metadata={"help": "HF chat model folder or hub name (any chat model)"})
+    questions: str = field(default="", metadata={"help": "training questions (any supported format)"})
+    corpus: str = field(default="", metadata={"help": "corpus (.jsonl, .parquet, .arrow, datasets folder)"})
+    retriever: str = field(default="", metadata={"help": "index folder from `corag index`, or a service URL"})
+    out_dir: str = field(default="runs/chains", metadata={"help": "folder of shard files"})
+    fmt: str | None = field(default=None, metadata={"help": "questions format (detected when not given)"})
+    backend: str = field(default="hf", metadata={"help": "hf or vllm"})
+    tensor_parallel_size: int = 1
+    batch_size: int = field(default=64, metadata={"help": "sequences per forward pass (hf backend)"})
+    max_active: int = field(default=64, metadata={"help": "questions in flight at once"})
+    shard: int = 0
+    num_shards: int = 1
+    skip_invalid: bool = field(default=False, metadata={"help": "skip (and count) invalid questions"})
+    limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_config(SamplingArguments, argv, description=__doc__.splitlines()[0])
+    for name in ("model", "questions", "corpus", "retriever"):
+        if not getattr(args, name):
+            raise SystemExit(f"corag sample: --{name} is required")
+    if not 0 <= args.shard < args.num_shards:
+        raise SystemExit(
+            f"corag sample: need 0 <= --shard < --num-shards, got {args.shard}/{args.num_shards}"
+        )
+    args.check()
+    from corag.data.corpus import Corpus
+    from corag.data.formats import load_examples
+    from corag.lm import load_lm
+    from corag.retrieval import load_retriever
+
+    corpus = Corpus.load(args.corpus)
+    errors: list[InputError] = []
+    examples = load_examples(args.questions, args.fmt, **({"errors": errors} if args.skip_invalid else {}))
+    if args.limit is not None:
+        examples = examples[: args.limit]
+    examples, skipped = validate_questions(examples, corpus, args.questions, args.skip_invalid, errors)
+    if skipped:
+        print(f"skipped {sum(skipped.values())} invalid question(s): {dict(skipped)}", file=sys.stderr)
+    mine = examples[args.shard :: args.num_shards]
+    lm_kwargs = (
+        {"batch_size": args.batch_size}
+        if args.backend == "hf"
+        else {"tensor_parallel_size": args.tensor_parallel_size}
+    )
+    lm = load_lm(args.model, args.backend, **lm_kwargs)
+    retriever = load_retriever(args.retriever)
+    sampling = {f.name: getattr(args, f.name) for f in SamplingConfig.__dataclass_fields__.values()}
+    out_path = shard_path(Path(args.out_dir), args.shard, args.num_shards)
+    summary = run_sampling(
+        mine,
+        corpus,
+        lm,
+        retriever,
+        SamplingConfig(**sampling),
+        out_path,
+        hash_inputs={"model": args.model, "questions": args.questions, "retriever": args.retriever},
+        max_active=args.max_active,
+    )
+    summary["skipped_invalid"] = dict(skipped)
+    print(json.dumps(summary, indent=2))
+    print(f"chains written to {out_path}")
+    return 0
+
+
+def merge_main(argv: list[str] | None = None) -> int:
+    """`corag merge --questions Q --out merged.jsonl SHARD...`: join shards, checking every id."""
+    import argparse
+
+    from corag.data.formats import load_examples
+
+    parser = argparse.ArgumentParser(prog="corag merge", description=merge_main.__doc__)
+    parser.add_argument("shards", nargs="+", type=Path)
+    parser.add_argument("--questions", required=True, help="the questions file the shards were sampled from")
+    parser.add_argument("--fmt", default=None)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--skip-invalid", action="store_true", help="as given to `corag sample`")
+    parser.add_argument("--corpus", default=None, help="needed with --skip-invalid to re-check corpus ids")
+    args = parser.parse_args(argv)
+    examples = load_examples(args.questions, args.fmt, **({"errors": []} if args.skip_invalid else {}))
+    if args.skip_invalid:
+        from corag.data.corpus import Corpus
+
+        if args.corpus is None:
+            raise SystemExit("corag merge: --skip-invalid needs --corpus")
+        examples, _ = validate_questions(examples, Corpus.load(args.corpus), args.questions, True)
+    n = merge_shards(args.shards, examples, args.out)
+    print(f"merged {n} records from {len(args.shards)} shard(s) into {args.out}")
+    return 0

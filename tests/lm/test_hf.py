@@ -1,0 +1,236 @@
+"""The transformers backend against plain transformers: scores, greedy decoding, batching, seeds, usage."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers.processors import TemplateProcessing
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from corag.errors import InputError
+from corag.lm import load_lm
+from corag.lm.base import GenerationRequest, ScoreRequest
+from corag.lm.hf import HFLM
+from corag.lm.render import ChatRenderer
+from corag.tinymodel import CHAT_TEMPLATE, build_tiny_model, save_tiny, train_tokenizer
+
+TEXTS = [
+    f"The director of film {i} is person {i * 7 % 13}, who was born in city {i % 5} of country {i % 3}."
+    for i in range(200)
+]
+
+
+def chat(text: str) -> tuple[dict[str, str], ...]:
+    return ({"role": "user", "content": text},)
+
+
+PROMPTS = [
+    chat("Who is the director of film 3?"),
+    chat("Where was person 5 born?"),
+    ({"role": "system", "content": "Answer briefly."}, *chat("In which country is city 2 of country 1?")),
+    chat("Film 12"),
+]
+
+
+def lively_model(tokenizer):
+    """A tiny Llama whose random output layer is sharp enough that texts vary with the context and
+    the end-of-turn token wins now and then (a fresh init only repeats its last token)."""
+    model = build_tiny_model(tokenizer, hidden_size=64, num_heads=1, intermediate_size=128)
+    weight = torch.randn(model.lm_head.weight.shape, generator=torch.Generator().manual_seed(0)) * 0.3
+    weight[tokenizer.eos_token_id] *= 2
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(weight)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tokenizer = train_tokenizer(TEXTS, vocab_size=400)
+    return save_tiny(tmp_path_factory.mktemp("tiny-lm"), lively_model(tokenizer), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def lm(model_dir: Path) -> HFLM:
+    return HFLM(model_dir, batch_size=3)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path):
+    """The same checkpoint loaded by plain transformers, for hand-computed expectations."""
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+
+
+def prompt_ids(tokenizer, messages) -> list[int]:
+    return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, return_dict=True)[
+        "input_ids"
+    ]
+
+
+def test_load_lm_builds_the_hf_backend_and_rejects_unknown_backends(model_dir: Path) -> None:
+    assert isinstance(load_lm(model_dir), HFLM)
+    with pytest.raises(ValueError, match="unknown LM backend"):
+        load_lm(model_dir, backend="nope")
+
+
+def test_score_equals_log_softmax_of_a_plain_forward(lm: HFLM, reference) -> None:
+    model, tokenizer = reference
+    requests = [
+        ScoreRequest(m, t) for m, t in zip(PROMPTS, ["person 3", "city 4", "country 0", ""], strict=True)
+    ]
+    scores = lm.score(requests)
+    for request, score in zip(requests, scores, strict=True):
+        # The template's generation mask marks the assistant content and its end token.
+        rendered = tokenizer.apply_chat_template(
+            [*request.messages, {"role": "assistant", "content": request.target}],
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        ids, mask = rendered["input_ids"], rendered["assistant_masks"]
+        positions = [i for i, m in enumerate(mask) if m]
+        with torch.no_grad():
+            logprobs = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+        expected = [logprobs[p - 1, ids[p]].item() for p in positions]
+        assert len(score.logprobs) == len(expected) == len(tokenizer.encode(request.target)) + 1
+        assert score.logprobs == pytest.approx(expected, abs=1e-4)
+        assert score.usage.prompt_tokens == positions[-1] + 1 == lm.count_score_tokens(request)
+        assert (score.usage.completion_tokens, score.usage.calls) == (0, 1)
+
+
+def test_greedy_equals_transformers_generate(lm: HFLM, reference) -> None:
+    model, tokenizer = reference
+    endings = []
+    for messages in PROMPTS:
+        ids = prompt_ids(tokenizer, messages)
+        out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids) :].tolist()
+        ended = tokenizer.eos_token_id in out
+        endings.append(ended)
+        new = out[: out.index(tokenizer.eos_token_id) + 1] if ended else out
+        [completion] = lm.generate([GenerationRequest(messages, max_new_tokens=12)])
+        assert completion.texts == (tokenizer.decode(new, skip_special_tokens=True),)
+        assert completion.usage.prompt_tokens == len(ids) == lm.count_prompt_tokens(messages)
+        assert completion.usage.completion_tokens == len(new)
+        assert completion.usage.calls == 1
+    assert any(endings) and not all(endings), "the prompts should cover both ways of stopping"
+
+
+def mixed_requests() -> list[GenerationRequest]:
+    return [
+        GenerationRequest(PROMPTS[0], max_new_tokens=10),
+        GenerationRequest(PROMPTS[1], max_new_tokens=7, temperature=0.8, n=2, seed=11),
+        GenerationRequest(PROMPTS[2], max_new_tokens=12, temperature=1.0, n=3, seed=5),
+        GenerationRequest(PROMPTS[3], max_new_tokens=4, n=2),
+        GenerationRequest(PROMPTS[0], max_new_tokens=9, temperature=1.3, seed=11),
+    ]
+
+
+def test_batched_outputs_equal_one_at_a_time(lm: HFLM) -> None:
+    requests = mixed_requests()
+    batched = lm.generate(requests)
+    alone = [lm.generate([r])[0] for r in requests]
+    assert batched == alone
+    assert [len(c.texts) for c in batched] == [r.n for r in requests]
+
+
+def test_seeds_fix_samples_and_different_seeds_differ(lm: HFLM) -> None:
+    def sample(seed: int) -> tuple[str, ...]:
+        request = GenerationRequest(PROMPTS[1], max_new_tokens=12, temperature=1.0, n=4, seed=seed)
+        return lm.generate([request])[0].texts
+
+    first = sample(1)
+    assert sample(1) == first
+    assert sample(2) != first
+    assert len(set(first)) > 1, "the n samples of one request should differ"
+
+
+def test_n_samples_charge_the_prompt_n_times(lm: HFLM) -> None:
+    request = GenerationRequest(PROMPTS[2], max_new_tokens=5, temperature=1.0, n=3, seed=0)
+    [completion] = lm.generate([request])
+    assert len(completion.texts) == 3
+    assert completion.usage.prompt_tokens == 3 * lm.count_prompt_tokens(PROMPTS[2])
+    assert 3 <= completion.usage.completion_tokens <= 15
+    [greedy] = lm.generate([GenerationRequest(PROMPTS[2], max_new_tokens=5, n=2)])
+    [single] = lm.generate([GenerationRequest(PROMPTS[2], max_new_tokens=5)])
+    assert greedy.texts == single.texts * 2
+    assert greedy.usage.completion_tokens == 2 * single.usage.completion_tokens
+
+
+def test_stop_strings_cut_the_text_and_the_charge(lm: HFLM, reference) -> None:
+    model, tokenizer = reference
+    ids = prompt_ids(tokenizer, PROMPTS[0])
+    out = model.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False)[0, len(ids) :].tolist()
+    if tokenizer.eos_token_id in out:
+        out = out[: out.index(tokenizer.eos_token_id)]
+    text = tokenizer.decode(out)
+    assert len(text) >= 6, "the tiny model should write a few characters before ending"
+    stop = text[3:6]
+    # The charge stops at the first token whose text completes the stop string.
+    stopped_at = next(k for k in range(1, len(out) + 1) if stop in tokenizer.decode(out[:k]))
+    [completion] = lm.generate([GenerationRequest(PROMPTS[0], max_new_tokens=20, stop=("@@", stop))])
+    assert completion.texts == (text[: text.index(stop)],)
+    assert completion.usage.completion_tokens == stopped_at
+
+
+def test_too_long_prompts_fail_clearly_and_new_tokens_are_capped(model_dir: Path, lm: HFLM) -> None:
+    prompt = lm.count_prompt_tokens(PROMPTS[2])
+    small = HFLM(model_dir, max_context=prompt + 3)
+    assert small.max_context == prompt + 3
+    [completion] = small.generate([GenerationRequest(PROMPTS[2], max_new_tokens=50, temperature=1.0, seed=0)])
+    assert completion.usage.completion_tokens <= 3
+    tiny = HFLM(model_dir, max_context=prompt - 1)
+    with pytest.raises(ValueError, match=f"prompt of {prompt} tokens .* context of {prompt - 1} tokens"):
+        tiny.generate([GenerationRequest(PROMPTS[2])])
+    with pytest.raises(ValueError, match="context of"):
+        tiny.score([ScoreRequest(PROMPTS[2], "city 1")])
+
+
+def test_max_context_comes_from_config_and_tokenizer(lm: HFLM, reference) -> None:
+    model, tokenizer = reference
+    assert lm.max_context == min(model.config.max_position_embeddings, tokenizer.model_max_length)
+
+
+def test_a_tokenizer_without_chat_template_is_refused(model_dir: Path, tmp_path: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = None
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    plain = save_tiny(tmp_path / "no-template", model, tokenizer)
+    with pytest.raises(InputError, match="no-template.*chat template"):
+        HFLM(plain)
+
+
+def test_counting_and_truncation(lm: HFLM, reference) -> None:
+    _, tokenizer = reference
+    text = " ".join(TEXTS[:5])
+    ids = tokenizer.encode(text)
+    assert lm.count_tokens(text) == len(ids)
+    assert lm.truncate_tokens(text, len(ids)) == text
+    assert lm.truncate_tokens(text, 10) == tokenizer.decode(ids[:10])
+    middle = lm.truncate_tokens(text, 10, middle=True)
+    assert middle == tokenizer.decode(ids[:5] + ids[-5:])
+    assert middle.startswith(tokenizer.decode(ids[:5])) and middle.endswith(tokenizer.decode(ids[-5:]))
+
+
+def test_a_begin_token_in_the_template_is_not_doubled() -> None:
+    tokenizer = train_tokenizer(TEXTS[:50], vocab_size=300)
+    tokenizer.add_special_tokens({"bos_token": "<|begin|>"})
+    bos = tokenizer.bos_token_id
+    # Like Llama-3: the tokenizer adds a begin token itself, and the template writes one too.
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|begin|> $A", special_tokens=[("<|begin|>", bos)]
+    )
+    tokenizer.chat_template = "{{ bos_token }}" + CHAT_TEMPLATE
+    assert tokenizer("x")["input_ids"][0] == bos
+    renderer = ChatRenderer(tokenizer)
+    ids = renderer.prompt_ids(PROMPTS[0])
+    assert ids[0] == bos and ids.count(bos) == 1
+    scored, start = renderer.scored_ids(PROMPTS[0], "person 3")
+    assert scored.count(bos) == 1 and scored[:start] == ids
+    assert tokenizer.decode(scored[start:]) == "person 3<|end|>"
+
+
+def test_scores_are_probabilities_of_the_target(lm: HFLM) -> None:
+    [score] = lm.score([ScoreRequest(PROMPTS[0], "person 3")])
+    assert all(lp < 0 for lp in score.logprobs)
+    assert math.isclose(score.mean, sum(score.logprobs) / len(score.logprobs))

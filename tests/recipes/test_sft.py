@@ -1,0 +1,191 @@
+"""recipes/sft.py end to end on CPU: LoRA and full fine-tuning, two processes, resume, merge, reload."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from transformers.utils import is_torch_bf16_gpu_available
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "sft.py"
+ACCELERATE = Path(sys.executable).parent / "accelerate"
+
+
+def load_recipe():
+    """recipes/sft.py as a module (it is a script, not part of the package)."""
+    if "corag_sft_recipe" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("corag_sft_recipe", RECIPE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["corag_sft_recipe"]
+
+
+@pytest.fixture(scope="module")
+def toy_run(toy_world, toy_dir, tiny_model_dir, tmp_path_factory) -> dict[str, str]:
+    """Chains from the toy world's gold decompositions, and the recipe arguments that point at them."""
+    out = tmp_path_factory.mktemp("sft")
+    with open(out / "chains.jsonl", "w") as f:
+        for ex in toy_world.train:
+            record = {
+                "query_id": ex.id,
+                "query": ex.query,
+                "answers": list(ex.answers),
+                "subqueries": [s.subquery for s in ex.decomposition],
+                "subanswers": [s.subanswer for s in ex.decomposition],
+                "doc_ids": [list(s.doc_ids) for s in ex.decomposition],
+                "context_doc_ids": list(ex.supporting_ids),
+                "predictions": ex.answers[0],
+            }
+            f.write(json.dumps(record) + "\n")
+    return {
+        "dir": str(out),
+        "model_name_or_path": str(tiny_model_dir),
+        "chains": str(out / "chains.jsonl"),
+        "corpus": str(toy_dir / "corpus.jsonl"),
+    }
+
+
+def launch(toy_run: dict, out: Path, *extra: str, accelerate: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run the recipe with the toy config, as a user would (through accelerate launch)."""
+    args = ["--config", str(REPO / "configs/sft/toy.yaml"), "--output_dir", str(out)]
+    for key in ("model_name_or_path", "chains", "corpus"):
+        args += [f"--{key}", toy_run[key]]
+    cmd = [str(ACCELERATE), "launch", *(accelerate or ["--config_file", str(REPO / "configs/accelerate/single.yaml")])]
+    cmd += [str(RECIPE), *args, "--max_length", "512", "--logging_steps", "1", *extra]
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return result
+
+
+def losses(out: Path) -> list[float]:
+    state = json.loads((out / "trainer_state.json").read_text())
+    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+
+
+def decode(model_dir: Path) -> str:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from corag.prompts import subquery_messages
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    messages = subquery_messages("Who is the founder of the employer of Pirou Foubin?", [], "answer multi-hop questions")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+    assert out.shape[1] > ids["input_ids"].shape[1]
+    return tokenizer.decode(out[0, ids["input_ids"].shape[1] :])
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+def test_unknown_config_key_is_named(tmp_path, toy_run, capsys):
+    recipe = load_recipe()
+    config = tmp_path / "bad.yaml"
+    config.write_text((REPO / "configs/sft/toy.yaml").read_text() + "\nlearning_rat: 0.1\n")
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--config", str(config)])
+    assert "learning_rat" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--config", str(REPO / "configs/sft/toy.yaml"), "--no_such_flag", "1"])
+    assert "no_such_flag" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["llama3.1-8b-full", "qwen3-8b-full", "qwen3-4b-lora", "toy"])
+def test_shipped_configs_parse(name):
+    data, sft, model = load_recipe().parse_args(["--config", str(REPO / f"configs/sft/{name}.yaml")])
+    if name != "toy":  # the paper's settings: effective batch 256 on 8 GPUs, 1 epoch, 100 warmup, 3072 tokens
+        assert sft.per_device_train_batch_size * sft.gradient_accumulation_steps * 8 == 256
+        assert (sft.num_train_epochs, sft.warmup_steps, sft.max_length) == (1, 100, 3072)
+        assert yaml.safe_load((REPO / f"configs/sft/{name}.yaml").read_text())["bf16"] is True
+        assert sft.bf16 == is_torch_bf16_gpu_available()  # fp32 where the device lacks bf16
+        assert sft.activation_checkpointing and data.ratio == 0.2
+    assert model.use_peft == name.endswith("lora")
+
+
+def test_bad_chain_record_stops_the_recipe(tmp_path, toy_run):
+    recipe = load_recipe()
+    lines = Path(toy_run["chains"]).read_text().splitlines()
+    record = json.loads(lines[1])
+    record["subanswers"] = record["subanswers"][:-1]
+    bad = tmp_path / "chains.jsonl"
+    bad.write_text("\n".join([lines[0], json.dumps(record)]) + "\n")
+    data = recipe.DataArguments(chains=str(bad), corpus=toy_run["corpus"])
+    from corag.errors import InputError
+
+    with pytest.raises(InputError, match=rf"line 2, id '{record['query_id']}', field 'subanswers'"):
+        recipe.build_examples(data, None, toy_run["model_name_or_path"], tmp_path / "examples.jsonl")
+    assert not (tmp_path / "examples.jsonl").exists()
+
+
+# ------------------------------------------------------------------------------------------ runs
+
+
+@pytest.mark.slow
+def test_lora_run_learns_resumes_and_merges(toy_run, tmp_path):
+    """LoRA with packing: loss falls, every adapter weight moves, an interrupted run resumes from its
+    checkpoint to the same final step and weights, and the merged model loads and decodes."""
+    out = tmp_path / "lora"
+    lora = ["--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0.0"]
+    lora += ["--lora_target_modules", "all-linear", "--learning_rate", "5e-3", "--warmup_steps", "0"]
+    steps = ["--max_steps", "8", "--save_steps", "4", "--gradient_accumulation_steps", "1"]
+    launch(toy_run, out, *lora, *steps, "--merge_lora", "true")
+
+    logged = losses(out)
+    assert len(logged) == 8 and sum(logged[-3:]) / 3 < sum(logged[:3]) / 3 - 0.05, logged
+    before = load_file(out / "checkpoint-4" / "adapter_model.safetensors")
+    after = load_file(out / "adapter_model.safetensors")
+    assert before.keys() == after.keys() and len(after) >= 2 * 7 * 2  # A and B of 7 linears x 2 layers
+    for name, weight in after.items():
+        assert not torch.equal(weight, before[name]), f"{name} did not change"
+        if "lora_B" in name:  # LoRA B starts at zero
+            assert weight.abs().max() > 0, name
+
+    # Interrupted after checkpoint-4: what a run killed during steps 5-8 leaves behind.
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(out / "checkpoint-4", resumed / "checkpoint-4")
+    shutil.copy(out / "sft_examples.jsonl", resumed / "sft_examples.jsonl")
+    result = launch(toy_run, resumed, *lora, *steps)
+    assert "resuming from" in result.stderr
+    state = json.loads((resumed / "trainer_state.json").read_text())
+    assert state["global_step"] == 8 and [e["step"] for e in state["log_history"] if "loss" in e] == [5, 6, 7, 8]
+    final = load_file(resumed / "adapter_model.safetensors")
+    for name, weight in after.items():
+        torch.testing.assert_close(final[name], weight, rtol=1e-4, atol=1e-6)
+
+    merged = out / "merged"
+    assert not (merged / "adapter_config.json").exists()
+    decode(merged)
+    from corag.lm.hf import HFLM
+    from corag.lm.base import GenerationRequest
+
+    lm = HFLM(merged)
+    (completion,) = lm.generate([GenerationRequest(({"role": "user", "content": "Who is Pirou Foubin?"},), 4)])
+    assert completion.usage.completion_tokens > 0
+
+
+@pytest.mark.slow
+def test_two_process_full_fine_tuning(toy_run, tmp_path):
+    """Two gloo processes on CPU through accelerate (DDP config), full fine-tuning; the checkpoint reloads."""
+    out = tmp_path / "ddp"
+    ddp = ["--config_file", str(REPO / "configs/accelerate/ddp.yaml"), "--num_processes", "2"]
+    result = launch(toy_run, out, "--max_steps", "3", "--save_steps", "100", accelerate=ddp)
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+    args = torch.load(out / "training_args.bin", weights_only=False)
+    assert args.world_size == 2
+    assert (out / "model.safetensors").exists() and not (out / "adapter_config.json").exists()
+    decode(out)

@@ -1,0 +1,134 @@
+"""Dense retrieval with the real MiniLM model and exact search (faiss fp32 / fp16, torch shards)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from corag.errors import InputError
+from corag.retrieval import load_retriever
+from corag.retrieval.dense import DenseRetriever, Encoder, FaissIndex, TorchIndex, load_dense
+from corag.retrieval.index import build_dense
+
+
+@pytest.fixture(scope="module")
+def encoder() -> Encoder:
+    return Encoder.from_preset("minilm", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def toy_dense(encoder, toy_world) -> DenseRetriever:
+    return DenseRetriever.from_passages(toy_world.passages, encoder)
+
+
+def recall_at(retriever, questions, k: int) -> float:
+    hits = retriever.search([q.query for q in questions], k)
+    found = [q.supporting_ids[0] in {h.doc_id for h in hs} for q, hs in zip(questions, hits, strict=True)]
+    return sum(found) / len(found)
+
+
+def test_toy_world_single_hop_recall_at_5(toy_dense, toy_world):
+    assert len(toy_world.single_hop) >= 50
+    assert recall_at(toy_dense, toy_world.single_hop, 5) >= 0.9
+
+
+def test_hits_are_sorted_normalised_scores_and_batching_does_not_change_them(toy_dense, toy_world):
+    queries = [q.query for q in toy_world.test[:6]]
+    batched = toy_dense.search(queries, 4)
+    for q, row in zip(queries, batched, strict=True):
+        single = toy_dense.search([q], 4)[0]
+        assert [h.doc_id for h in single] == [h.doc_id for h in row]
+        assert [h.score for h in single] == pytest.approx([h.score for h in row], abs=1e-5)
+        scores = [h.score for h in row]
+        assert scores == sorted(scores, reverse=True) and all(-1.0001 <= s <= 1.0001 for s in scores)
+    n = len(toy_world.passages)
+    assert len(toy_dense.search(["anything"], n + 10)[0]) == n
+    assert toy_dense.search([], 3) == [] and toy_dense.search(["x"], 0) == [[]]
+
+
+def test_prefixes_and_query_truncation(encoder):
+    encoder.query_prefix, encoder.passage_prefix = "query: ", "passage: "
+    try:
+        with_prefix = encoder.encode_queries(["who founded the company"])
+    finally:
+        encoder.query_prefix, encoder.passage_prefix = "", ""
+    assert np.allclose(with_prefix, encoder.encode_queries(["query: who founded the company"]), atol=1e-6)
+    assert not np.allclose(with_prefix, encoder.encode_queries(["who founded the company"]), atol=1e-3)
+    assert np.allclose(np.linalg.norm(with_prefix, axis=1), 1.0, atol=1e-5)
+
+    long = "the river that flows through the old city " * 10
+    full = encoder.encode_queries([long])
+    encoder.query_max_length = 6
+    try:
+        cut = encoder.encode_queries([long])
+    finally:
+        encoder.query_max_length = None
+    assert not np.allclose(cut, full, atol=1e-3)
+    assert encoder.model.max_seq_length == 256  # restored after a truncated encode
+    assert np.allclose(encoder.encode_queries([long]), full, atol=1e-6)
+
+
+def test_fp16_storage_and_torch_shards_agree_with_exact_fp32():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q = x[rng.choice(1000, 40, replace=False)] + 0.1 * rng.standard_normal((40, 32)).astype(np.float32)
+    exact = FaissIndex.empty(32)
+    exact.add(x)
+    s32, i32 = exact.search(q, 10)
+    brute = np.argsort(-(q @ x.T), axis=1)[:, :10]
+    assert (i32 == brute).all()
+
+    half = FaissIndex.empty(32, "float16")
+    half.add(x)
+    s16, i16 = half.search(q, 10)
+    assert (i16[:, 0] == i32[:, 0]).all() and np.allclose(s16, s32, atol=1e-2)
+
+    # Three uneven shards, fed from chunks that straddle shard borders, searched in blocks of 64 rows.
+    chunks = [x[:333], x[333:700], x[700:]]
+    for dtype in ("float32", "float16"):
+        import torch
+
+        shards = TorchIndex.from_chunks(
+            chunks, 1000, 32, ["cpu"] * 3, dtype=getattr(torch, dtype), block_rows=64
+        )
+        st, it = shards.search(q, 10)
+        if dtype == "float32":
+            assert (it == i32).all() and np.allclose(st, s32, atol=1e-5)
+        else:
+            assert (it[:, 0] == i32[:, 0]).all() and np.allclose(st, s32, atol=1e-2)
+    st, it = TorchIndex.from_chunks(chunks, 1000, 32, ["cpu"] * 2).search(q[:2], 1005)
+    assert (it[:, 1000:] == -1).all() and set(it[0, :1000]) == set(range(1000))
+
+
+def test_saved_index_loads_on_faiss_and_on_shards(encoder, toy_world, tmp_path):
+    from corag.data.corpus import Corpus, write_corpus_jsonl
+
+    write_corpus_jsonl(tmp_path / "corpus.jsonl", toy_world.passages)
+    corpus = Corpus.load(tmp_path / "corpus.jsonl")
+    build_dense(corpus, tmp_path / "idx", encoder, chunk_size=16)
+    direct = DenseRetriever.from_passages(toy_world.passages, encoder)
+    queries = [q.query for q in toy_world.test[:8]]
+    expected = direct.search(queries, 5)
+
+    loaded = load_retriever(tmp_path / "idx", device="cpu")
+    assert isinstance(loaded.index, FaissIndex)
+    got = loaded.search(queries, 5)
+    # chunked encoding batches passages differently, so scores agree to float precision only
+    assert [[h.doc_id for h in row] for row in got] == [[h.doc_id for h in row] for row in expected]
+    assert [h.score for row in got for h in row] == pytest.approx(
+        [h.score for row in expected for h in row], abs=1e-5
+    )
+    # fp16 shards on two "devices" (CPU here; GPUs where present) keep the ranking
+    sharded = load_dense(tmp_path / "idx", device="cpu", shard_devices=["cpu", "cpu"])
+    assert isinstance(sharded.index, TorchIndex) and len(sharded.index.shards) == 2
+    got = sharded.search(queries, 5)
+    assert [[h.doc_id for h in row][:1] for row in got] == [[h.doc_id for h in row][:1] for row in expected]
+
+
+def test_load_refuses_missing_or_unfinished_index(tmp_path):
+    with pytest.raises(InputError, match="manifest.json"):
+        load_dense(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"kind": "dense", "complete": false}')
+    with pytest.raises(InputError, match="did not finish"):
+        load_dense(tmp_path)

@@ -1,0 +1,258 @@
+"""Rejection sampling on the toy world with the real tiny model and a real BM25 index."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from corag.data.corpus import Corpus
+from corag.data.formats import load_examples, load_multihopqa
+from corag.data.jsonl import write_jsonl
+from corag.errors import InputError
+from corag.lm import load_lm
+from corag.lm.base import ScoreRequest
+from corag.metrics import exact_match, max_over_golds
+from corag.prompts import final_answer_messages, task_description
+from corag.retrieval.bm25 import BM25Retriever
+from corag.sampling import (
+    SamplingConfig,
+    chain_lengths,
+    main,
+    merge_shards,
+    run_sampling,
+    shard_path,
+    validate_questions,
+)
+from corag.types import Example, Step
+
+NUM_QUESTIONS = 6
+FLAGS = ["--num_chains", "3", "--max_length", "2", "--batch_size", "32"]
+
+
+@pytest.fixture(scope="module")
+def setup(toy_world, toy_dir, tiny_model_dir, tmp_path_factory):
+    """A BM25 index folder, the first questions of the toy world and the loaded pieces."""
+    root = tmp_path_factory.mktemp("sampling")
+    BM25Retriever.from_passages(list(toy_world.passages)).save(root / "bm25")
+    questions = root / "questions.jsonl"
+    lines = (toy_dir / "train.jsonl").read_text().splitlines()[:NUM_QUESTIONS]
+    questions.write_text("\n".join(lines) + "\n")
+    args = [
+        "--model", str(tiny_model_dir), "--questions", str(questions),
+        "--corpus", str(toy_dir / "corpus.jsonl"), "--retriever", str(root / "bm25"), *FLAGS,
+    ]  # fmt: skip
+    return {"root": root, "questions": questions, "args": args, "toy_dir": toy_dir, "model": tiny_model_dir}
+
+
+@pytest.fixture(scope="module")
+def reference(setup):
+    """One uninterrupted in-process run with every candidate kept."""
+    out = setup["root"] / "reference"
+    assert main([*setup["args"], "--out_dir", str(out), "--keep_candidates", "true"]) == 0
+    return shard_path(out, 0, 1)
+
+
+def _recompute(lm, record: dict, steps: list[Step]) -> float:
+    messages = final_answer_messages(record["query"], steps, task_description(record["task"]), [], tok=lm)
+    return lm.score([ScoreRequest(tuple(messages), record["answers"][0])])[0].mean
+
+
+def _steps(candidate: dict, upto: int | None = None) -> list[Step]:
+    pairs = list(zip(candidate["subqueries"], candidate["subanswers"], candidate["doc_ids"], strict=True))
+    return [Step(q, a, tuple(d)) for q, a, d in pairs[:upto]]
+
+
+def test_output_follows_the_schema(reference, setup):
+    examples = load_multihopqa(reference)  # validates the corag/multihopqa schema
+    records = [json.loads(line) for line in reference.read_text().splitlines()]
+    assert [e.id for e in examples] == [r["query_id"] for r in records]
+    assert len(records) == NUM_QUESTIONS
+    for record in records:
+        assert len(record["context_doc_ids"]) == 20
+        assert len(record["subqueries"]) == len(record["subanswers"]) == len(record["steps"]) >= 1
+        # BM25 returns only passages sharing a word with the sub-query, at most top_k = 5.
+        assert all(1 <= len(step["doc_ids"]) <= 5 for step in record["steps"])
+        assert record["scoring_prompt"] == "final_no_docs"
+        assert record["tokens"] > 0 and record["model_calls"] > 0
+        assert len(record["candidates"]) == 3
+        lengths = chain_lengths(record["query_id"], SamplingConfig(num_chains=3, max_length=2))
+        assert [c["max_length"] for c in record["candidates"]] == lengths
+
+
+def test_kept_chain_is_the_argmax_of_recomputed_scores(reference, setup):
+    lm = load_lm(setup["model"])
+    for line in reference.read_text().splitlines():
+        record = json.loads(line)
+        scores = [_recompute(lm, record, _steps(c)) for c in record["candidates"]]
+        for candidate, score in zip(record["candidates"], scores, strict=True):
+            assert candidate["score"] == pytest.approx(score, abs=1e-4)
+        best = record["candidates"][max(range(len(scores)), key=scores.__getitem__)]
+        assert record["subqueries"] == best["subqueries"]
+        assert record["score"] == pytest.approx(max(scores), abs=1e-4)
+
+
+def test_chains_stop_exactly_when_the_rule_says(reference, setup):
+    """A chain grows until its max length unless a step's answer matches or the likelihood passes."""
+    lm = load_lm(setup["model"])
+    threshold = SamplingConfig().early_stop_logprob
+    for line in reference.read_text().splitlines():
+        record = json.loads(line)
+        golds = record["answers"]
+        for candidate in record["candidates"]:
+            n = len(candidate["subqueries"])
+            for i in range(1, n + 1):
+                matched = max_over_golds(exact_match, candidate["subanswers"][i - 1], golds) == 1.0
+                likely = _recompute(lm, record, _steps(candidate, i)) > threshold
+                if i < n:
+                    assert not matched and not likely
+                else:
+                    expected = "answer_match" if matched else "likelihood" if likely else None
+                    assert candidate["early_stop"] == expected
+                    assert expected is not None or n == candidate["max_length"]
+
+
+def test_early_stop_on_likelihood_ends_every_chain_after_one_step(setup, tmp_path):
+    """With a threshold no chain can miss, every chain stops after its first step."""
+    corpus = Corpus.load(setup["toy_dir"] / "corpus.jsonl")
+    examples = load_examples(setup["questions"])[:2]
+    config = SamplingConfig(num_chains=3, max_length=5, min_length=5, early_stop_logprob=-1e9, keep_candidates=True)
+    lm = load_lm(setup["model"])
+    retriever = BM25Retriever.load(setup["root"] / "bm25")
+    summary = run_sampling(examples, corpus, lm, retriever, config, tmp_path / "c.jsonl", progress=False)
+    assert summary["early_stop_rate"] == 1.0
+    for line in (tmp_path / "c.jsonl").read_text().splitlines():
+        for candidate in json.loads(line)["candidates"]:
+            assert len(candidate["subqueries"]) == 1 and candidate["early_stop"] in {"likelihood", "answer_match"}
+
+
+def test_same_seed_same_bytes_and_another_seed_differs(setup, reference, tmp_path):
+    again = tmp_path / "again"
+    assert main([*setup["args"], "--out_dir", str(again), "--keep_candidates", "true"]) == 0
+    assert shard_path(again, 0, 1).read_bytes() == reference.read_bytes()
+    other = tmp_path / "other"
+    assert main([*setup["args"], "--out_dir", str(other), "--keep_candidates", "true", "--seed", "1"]) == 0
+    assert shard_path(other, 0, 1).read_bytes() != reference.read_bytes()
+
+
+def _cli(setup, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "corag.cli", "sample", *setup["args"], *extra]
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_kill_nine_five_times_then_resume_equals_an_uninterrupted_run(setup, reference, tmp_path):
+    out = tmp_path / "crashy"
+    target = shard_path(out, 0, 1)
+    rng = random.Random(7)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    kills = 0
+    while kills < 5:
+        before = _lines(target)
+        proc = subprocess.Popen(
+            _cli(setup, "--out_dir", str(out), "--keep_candidates", "true"),
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.time() + 300
+        while _lines(target) <= before and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 1.5))  # somewhere inside the next question
+        if proc.poll() is not None:
+            break  # finished before we could kill it: nothing left to interrupt
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    assert kills >= 3, "the run finished too fast to be interrupted"
+    subprocess.run(_cli(setup, "--out_dir", str(out), "--keep_candidates", "true"), check=True, capture_output=True)
+    examples = load_examples(setup["questions"])
+    merge_shards([target], examples, tmp_path / "merged.jsonl")
+    merge_shards([reference], examples, tmp_path / "merged_ref.jsonl")
+    assert (tmp_path / "merged.jsonl").read_bytes() == (tmp_path / "merged_ref.jsonl").read_bytes()
+
+
+@pytest.mark.slow
+def test_two_shards_in_two_processes_merge_to_the_one_process_run(setup, reference, tmp_path):
+    out = tmp_path / "shards"
+    procs = [
+        subprocess.Popen(
+            _cli(setup, "--out_dir", str(out), "--keep_candidates", "true", "--shard", str(i), "--num_shards", "2"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err.decode()[-2000:]
+    examples = load_examples(setup["questions"])
+    shards = [shard_path(out, i, 2) for i in range(2)]
+    assert all(_lines(s) == NUM_QUESTIONS // 2 for s in shards)
+    merge_shards(shards, examples, tmp_path / "merged.jsonl")
+    merge_shards([reference], examples, tmp_path / "merged_ref.jsonl")
+    assert (tmp_path / "merged.jsonl").read_bytes() == (tmp_path / "merged_ref.jsonl").read_bytes()
+
+
+def test_merge_refuses_missing_and_duplicated_ids(reference, setup, tmp_path):
+    examples = load_examples(setup["questions"])
+    lines = reference.read_text().splitlines()
+    (tmp_path / "a.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(InputError, match="missing"):
+        merge_shards([tmp_path / "a.jsonl"], examples, tmp_path / "m.jsonl")
+    (tmp_path / "b.jsonl").write_text(lines[0] + "\n")
+    with pytest.raises(InputError, match="duplicate") as err:
+        merge_shards([reference, tmp_path / "b.jsonl"], examples, tmp_path / "m.jsonl")
+    assert "b.jsonl" in str(err.value) and "query_id" in str(err.value)
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+def _bad_questions(setup, tmp_path: Path, kind: str) -> Path:
+    records = [json.loads(line) for line in setup["questions"].read_text().splitlines()[:2]]
+    if kind == "duplicate":
+        records.append(dict(records[0]))
+    elif kind == "no_answers":
+        records[1]["answers"] = []
+    elif kind == "unknown_doc":
+        records[1]["supporting_ids"] = ["no-such-passage"]
+    path = tmp_path / f"{kind}.jsonl"
+    write_jsonl(path, records)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "field"), [("duplicate", "id"), ("no_answers", "answers"), ("unknown_doc", "doc_ids")]
+)
+def test_bad_questions_fail_before_any_work(setup, tmp_path, kind, field):
+    questions = _bad_questions(setup, tmp_path, kind)
+    args = [*setup["args"], "--questions", str(questions), "--out_dir", str(tmp_path / "out")]
+    with pytest.raises(InputError) as err:
+        main(args)
+    message = str(err.value)
+    assert str(questions) in message and repr(field) in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_skip_invalid_counts_and_skips(setup, tmp_path, capsys):
+    corpus = Corpus.load(setup["toy_dir"] / "corpus.jsonl")
+    good = load_examples(setup["questions"])[:3]
+    bad = [
+        Example(good[0].id, "again?", ("x",)),
+        Example("q-no-doc", "what?", ("y",), supporting_ids=("no-such-passage",)),
+    ]
+    valid, skipped = validate_questions([*good, *bad], corpus, "q.jsonl", skip_invalid=True)
+    assert [e.id for e in valid] == [e.id for e in good]
+    assert skipped == {"id": 1, "doc_ids": 1}
+    questions = _bad_questions(setup, tmp_path, "no_answers")
+    out = tmp_path / "out"
+    flags = ["--questions", str(questions), "--out_dir", str(out), "--skip_invalid", "true", "--num_chains", "1"]
+    assert main([*setup["args"], *flags, "--max_length", "1"]) == 0
+    assert _lines(shard_path(out, 0, 1)) == 1
+    assert '"answers": 1' in capsys.readouterr().out

