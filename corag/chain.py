@@ -113,9 +113,7 @@ async def subquery_candidates(
     return [parse_subquery(text) for text in completion.texts]
 
 
-async def subanswer(
-    ctx: Context, subquery: str, corpus: CorpusLike, k: int = SUBANSWER_NUM_DOCS
-) -> Step:
+async def subanswer(ctx: Context, subquery: str, corpus: CorpusLike, k: int = SUBANSWER_NUM_DOCS) -> Step:
     """Search the sub-query, then call B (greedy) over its top-k documents: one finished Step."""
     hits = await ctx.search(subquery, k)
     doc_ids = tuple(hit.doc_id for hit in hits)
@@ -189,15 +187,25 @@ class Question:
 
 
 async def open_question(
-    ctx: Context, example: Example, corpus: CorpusLike, task_desc: str | None = None
+    ctx: Context,
+    example: Example,
+    corpus: CorpusLike,
+    task_desc: str | None = None,
+    docs: int = FINAL_NUM_DOCS,
 ) -> Question:
-    """Retrieve the original query's top-20 documents and reserve budget for the final answer."""
-    hits = await ctx.search(example.query, FINAL_NUM_DOCS)
+    """Retrieve the original query's top documents (20, as the paper; 0 for no retrieval at all) and
+    reserve budget for the final answer.
+
+    When the budget cannot hold even the final answer without steps, no model call is started."""
+    if docs < 0:
+        raise InputError(f"the number of documents must be 0 or more, got {docs}", field="docs")
+    hits = await ctx.search(example.query, docs) if docs else []
     passages = tuple(corpus.get_many([hit.doc_id for hit in hits]))
     question = Question(
         example.id, example.query, task_desc or task_description(example.task), corpus, passages
     )
-    keep_room_for_final(ctx, question, ())
+    if not keep_room_for_final(ctx, question, ()) and ctx.meter.budget is not None:
+        ctx.meter.reserve = ctx.meter.budget  # not even the bare final answer fits: start nothing
     return question
 
 

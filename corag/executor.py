@@ -183,6 +183,8 @@ class Executor:
                     continue
                 except BaseException as exc:  # propagate into the parent, or out of the run
                     if task.parent is None:
+                        for other, *_ in [*ready, *waiting]:  # abandon the run cleanly
+                            other.coro.close()
                         raise
                     self._finish(task, None, exc, ready, finished)
                     continue

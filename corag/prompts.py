@@ -8,7 +8,8 @@ one user message, rendered later with the model's own chat template.
 from __future__ import annotations
 
 import re
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from corag.lm.base import Message
 from corag.types import Passage, Step
@@ -24,9 +25,16 @@ TASK_DESCRIPTIONS: dict[str, str] = {
     "title of its Wikipedia page",
 }
 for _alias, _same in {
-    "hotpotqa": "multihopqa", "2wikimultihopqa": "multihopqa", "musique": "multihopqa",
-    "bamboogle": "multihopqa", "toy": "multihopqa", "wned": "aidayago2", "cweb": "aidayago2",
-    "blink": "aidayago2", "structured_zeroshot": "trex", "zsre": "trex",
+    "hotpotqa": "multihopqa",
+    "2wikimultihopqa": "multihopqa",
+    "musique": "multihopqa",
+    "bamboogle": "multihopqa",
+    "toy": "multihopqa",
+    "wned": "aidayago2",
+    "cweb": "aidayago2",
+    "blink": "aidayago2",
+    "structured_zeroshot": "trex",
+    "zsre": "trex",
 }.items():
     TASK_DESCRIPTIONS[_alias] = TASK_DESCRIPTIONS[_same]
 

@@ -8,8 +8,11 @@ prompt is a named option, recorded in the output); a chain stops growing early w
 matches a gold answer (normalised EM) or that score exceeds -0.05. The chain with the highest score
 is kept.
 
-Runs are sharded (`--shard i --num-shards n`), append whole records to their shard's file with a
-flush per record, and resume by skipping finished question ids. `corag merge` joins the shards in
+Questions are sampled in fixed blocks (`--block_size`); shards take whole blocks (`--shard i
+--num_shards n`), append each finished block's records to their own file (whole lines, flushed and
+synced), and resume by sampling unfinished blocks again, writing only the missing records. Since a
+block is always computed as one batch, the output is the same to the bit whether the run was
+sharded, interrupted or neither. `corag merge` joins the shards in
 input order and checks that every question appears exactly once.
 """
 
@@ -271,6 +274,17 @@ def config_hash(values: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def shard_blocks(
+    examples: Sequence[Example], block_size: int, shard: int = 0, num_shards: int = 1
+) -> list[list[Example]]:
+    """The blocks of questions a shard samples: consecutive blocks of `block_size`, dealt round-robin.
+
+    A block is always sampled as one batch, whatever the sharding and however often the run was
+    resumed, so every record is computed in exactly the same batches (and so to the same bits)."""
+    blocks = [list(examples[i : i + block_size]) for i in range(0, len(examples), block_size)]
+    return blocks[shard::num_shards]
+
+
 def run_sampling(
     examples: Sequence[Example],
     corpus: CorpusLike,
@@ -280,10 +294,16 @@ def run_sampling(
     out_path: Path,
     *,
     hash_inputs: dict[str, Any] | None = None,
-    max_active: int = 64,
+    block_size: int = 64,
+    shard: int = 0,
+    num_shards: int = 1,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Sample every question not yet in `out_path`, appending records; return the run summary."""
+    """Sample this shard's questions not yet in `out_path`, one block at a time; return the summary.
+
+    A block's records are appended (whole lines, flushed and synced) when the block finishes. A block
+    that a crash interrupted is sampled again in full, and only its missing records are written.
+    """
     config.check()
     digest = config_hash({**asdict(config), **(hash_inputs or {})})
     with JsonlAppender(out_path) as out:
@@ -296,24 +316,31 @@ def run_sampling(
                     record=record.get("query_id"),
                     field="config_hash",
                 )
-        todo = [e for e in examples if e.id not in done]
-        executor = Executor(lm, retriever, max_active=max_active)
+        blocks = [
+            b
+            for b in shard_blocks(examples, block_size, shard, num_shards)
+            if any(e.id not in done for e in b)
+        ]
+        todo = sum(len(b) for b in blocks)
+        executor = Executor(lm, retriever, max_active=block_size)
         start, tokens, chains = time.perf_counter(), 0, 0
-        bar = tqdm(total=len(todo), desc="sampling", unit="q", disable=not progress, file=sys.stderr)
-        stream = executor.map(
-            lambda e: sample_question(Context(lm, retriever), e, corpus, config, digest), todo
-        )
-        for _, record in stream:
-            out.append(record)
-            tokens += record["tokens"]
-            chains += config.num_chains
+        bar = tqdm(total=todo, desc="sampling", unit="q", disable=not progress, file=sys.stderr)
+        for block in blocks:
+            records = executor.run(
+                [sample_question(Context(lm, retriever), e, corpus, config, digest) for e in block]
+            )
+            for record in records:
+                if record["query_id"] not in done:
+                    out.append(record)
+            tokens += sum(r["tokens"] for r in records)
+            chains += config.num_chains * len(block)
             elapsed = max(time.perf_counter() - start, 1e-9)
             bar.set_postfix(chains_s=f"{chains / elapsed:.1f}", tok_s=f"{tokens / elapsed:.0f}")
-            bar.update(1)
+            bar.update(len(block))
         bar.close()
     records, _ = _read_records(out_path)
     summary = summarize(records)
-    summary.update(resumed_from=len(done), sampled_now=len(todo), dropped_partial_lines=out.dropped)
+    summary.update(resumed_from=len(done), sampled_now=todo, dropped_partial_lines=out.dropped)
     return summary
 
 
@@ -384,7 +411,13 @@ class SamplingArguments(SamplingConfig):
     backend: str = field(default="hf", metadata={"help": "hf or vllm"})
     tensor_parallel_size: int = 1
     batch_size: int = field(default=64, metadata={"help": "sequences per forward pass (hf backend)"})
-    max_active: int = field(default=64, metadata={"help": "questions in flight at once"})
+    block_size: int = field(
+        default=64,
+        metadata={
+            "help": "questions sampled together; shards and resumes work in whole blocks, so the "
+            "output does not depend on either"
+        },
+    )
     shard: int = 0
     num_shards: int = 1
     skip_invalid: bool = field(default=False, metadata={"help": "skip (and count) invalid questions"})
@@ -414,7 +447,6 @@ def main(argv: list[str] | None = None) -> int:
     examples, skipped = validate_questions(examples, corpus, args.questions, args.skip_invalid, errors)
     if skipped:
         print(f"skipped {sum(skipped.values())} invalid question(s): {dict(skipped)}", file=sys.stderr)
-    mine = examples[args.shard :: args.num_shards]
     lm_kwargs = (
         {"batch_size": args.batch_size}
         if args.backend == "hf"
@@ -425,14 +457,16 @@ def main(argv: list[str] | None = None) -> int:
     sampling = {f.name: getattr(args, f.name) for f in SamplingConfig.__dataclass_fields__.values()}
     out_path = shard_path(Path(args.out_dir), args.shard, args.num_shards)
     summary = run_sampling(
-        mine,
+        examples,
         corpus,
         lm,
         retriever,
         SamplingConfig(**sampling),
         out_path,
         hash_inputs={"model": args.model, "questions": args.questions, "retriever": args.retriever},
-        max_active=args.max_active,
+        block_size=args.block_size,
+        shard=args.shard,
+        num_shards=args.num_shards,
     )
     summary["skipped_invalid"] = dict(skipped)
     print(json.dumps(summary, indent=2))

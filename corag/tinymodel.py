@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -135,3 +136,53 @@ def save_tiny(path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTok
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def teach_turn_ends(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    world: Any,
+    steps: int = 30,
+    tail: int = 96,
+    seed: int = 0,
+) -> None:
+    """A few optimiser steps on a toy world's three CoRAG tasks (gold sub-queries, sub-answers and
+    answers), on the last `tail` prompt tokens only.
+
+    A random model runs every generation to its length limit; after this it answers in a few tokens
+    and ends its turn. Used by tests and benchmarks that need realistic call lengths, not skill.
+    """
+    import random
+
+    from corag import prompts
+
+    by_id = {p.id: p for p in world.passages}
+    pairs = []
+    for ex in world.train:
+        desc, chain = prompts.task_description(ex.task), ex.decomposition
+        for i, step in enumerate(chain):
+            pairs.append((prompts.subquery_messages(ex.query, chain[:i], desc), step.subquery))
+            docs = [by_id[d] for d in step.doc_ids]
+            pairs.append((prompts.subanswer_messages(step.subquery, docs), step.subanswer))
+        docs = [by_id[d] for d in ex.supporting_ids]
+        pairs.append((prompts.final_answer_messages(ex.query, chain, desc, docs), ex.answers[0]))
+    data = []
+    for messages, target in pairs:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"][-tail:]
+        answer = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        data.append((prompt + answer, [-100] * len(prompt) + answer))
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    model.train()
+    for _ in range(steps):
+        batch = rng.sample(data, 16)
+        width = max(len(x) for x, _ in batch)
+        ids = torch.tensor([x + [tokenizer.pad_token_id] * (width - len(x)) for x, _ in batch])
+        labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
+        mask = (torch.arange(width)[None] < torch.tensor([len(x) for x, _ in batch])[:, None]).long()
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        optimiser.step()
+        optimiser.zero_grad()
+    model.eval()

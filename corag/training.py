@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +87,10 @@ def parse_chain(obj: Mapping[str, Any], *, file: str | None = None, line: int | 
     subanswers = _str_list(obj, "subanswers", rid, where)
     if len(subqueries) != len(subanswers):
         raise InputError(
-            f"{len(subqueries)} subqueries but {len(subanswers)} subanswers", record=rid, field="subanswers", **where
+            f"{len(subqueries)} subqueries but {len(subanswers)} subanswers",
+            record=rid,
+            field="subanswers",
+            **where,
         )
     for key, values in (("subqueries", subqueries), ("subanswers", subanswers)):
         if any(not v.strip() for v in values):
@@ -96,16 +98,23 @@ def parse_chain(obj: Mapping[str, Any], *, file: str | None = None, line: int | 
     step_docs: list[list[str]] = [[] for _ in subqueries]
     if obj.get("doc_ids") is not None:
         raw = obj["doc_ids"]
-        if not isinstance(raw, list) or len(raw) != len(subqueries) or not all(isinstance(d, list) for d in raw):
+        if (
+            not isinstance(raw, list)
+            or len(raw) != len(subqueries)
+            or not all(isinstance(d, list) for d in raw)
+        ):
             raise InputError("must hold one list of ids per step", record=rid, field="doc_ids", **where)
         step_docs = [[str(d) for d in docs] for docs in raw]
     prefix_scores = obj.get("prefix_scores")
     if prefix_scores is not None:
         if not isinstance(prefix_scores, list) or len(prefix_scores) != len(subqueries) + 1:
-            raise InputError("must hold one score per prefix (steps + 1)", record=rid, field="prefix_scores", **where)
+            raise InputError(
+                "must hold one score per prefix (steps + 1)", record=rid, field="prefix_scores", **where
+            )
         prefix_scores = tuple(float(s) for s in prefix_scores)
     steps = tuple(
-        Step(q.strip(), a.strip(), tuple(d)) for q, a, d in zip(subqueries, subanswers, step_docs, strict=True)
+        Step(q.strip(), a.strip(), tuple(d))
+        for q, a, d in zip(subqueries, subanswers, step_docs, strict=True)
     )
     return ChainRecord(
         id=rid,
@@ -184,7 +193,9 @@ def lm_prefix_scorer(lm: Any, batch_size: int = 64) -> Callable[[Sequence[ChainR
             for i in range(len(c.steps) + 1)
         ]
         means = []
-        for start in tqdm(range(0, len(requests), batch_size), desc="stop scores", disable=len(requests) < 1000):
+        for start in tqdm(
+            range(0, len(requests), batch_size), desc="stop scores", disable=len(requests) < 1000
+        ):
             means.extend(s.mean for s in lm.score(requests[start : start + batch_size]))
         out, pos = [], 0
         for c in chains:
@@ -216,7 +227,9 @@ def _hits_ids(retriever: Retriever | None, queries: list[str], k: int, what: str
     if not queries:
         return []
     if retriever is None:
-        raise InputError(f"{len(queries)} {what} have no document ids and no retriever was given to re-retrieve")
+        raise InputError(
+            f"{len(queries)} {what} have no document ids and no retriever was given to re-retrieve"
+        )
     hits = []
     for start in tqdm(range(0, len(queries), 256), desc=f"re-retrieve {what}", disable=len(queries) < 1000):
         hits.extend(retriever.search(queries[start : start + 256], k))
@@ -232,7 +245,9 @@ def build_examples(
     ratio: float = DEFAULT_RATIO,
     seed: int = 0,
     stop: bool = False,
-    prefix_scores: Callable[[Sequence[ChainRecord]], list[list[float]]] | Mapping[str, Sequence[float]] | None = None,
+    prefix_scores: Callable[[Sequence[ChainRecord]], list[list[float]]]
+    | Mapping[str, Sequence[float]]
+    | None = None,
 ) -> list[dict[str, Any]]:
     """All examples of the chains, in chain order: sub-query, sub-answer, final (and stop) per chain.
 
@@ -244,12 +259,27 @@ def build_examples(
     # Decide what is kept first, so retrieval runs only for kept examples.
     kept_sq = [[keep(seed, c.id, "subquery", i, ratio=ratio) for i in range(len(c.steps))] for c in chains]
     kept_sa = [[keep(seed, c.id, "subanswer", i, ratio=ratio) for i in range(len(c.steps))] for c in chains]
-    need_steps = [(ci, i) for ci, c in enumerate(chains) for i, s in enumerate(c.steps) if kept_sa[ci][i] and not s.doc_ids]
+    need_steps = [
+        (ci, i)
+        for ci, c in enumerate(chains)
+        for i, s in enumerate(c.steps)
+        if kept_sa[ci][i] and not s.doc_ids
+    ]
     need_ctx = [ci for ci, c in enumerate(chains) if not c.context_doc_ids]
     step_ids = dict(
-        zip(need_steps, _hits_ids(retriever, [chains[ci].steps[i].subquery for ci, i in need_steps], 5, "sub-queries"))
+        zip(
+            need_steps,
+            _hits_ids(retriever, [chains[ci].steps[i].subquery for ci, i in need_steps], 5, "sub-queries"),
+            strict=True,
+        )
     )
-    ctx_ids = dict(zip(need_ctx, _hits_ids(retriever, [chains[ci].query for ci in need_ctx], 20, "questions")))
+    ctx_ids = dict(
+        zip(
+            need_ctx,
+            _hits_ids(retriever, [chains[ci].query for ci in need_ctx], 20, "questions"),
+            strict=True,
+        )
+    )
     scores = _stop_scores(chains, prefix_scores) if stop else {}
 
     examples: list[dict[str, Any]] = []
@@ -277,7 +307,9 @@ def _stop_scores(
     chains: list[ChainRecord],
     source: Callable[[Sequence[ChainRecord]], list[list[float]]] | Mapping[str, Sequence[float]] | None,
 ) -> dict[str, Sequence[float]]:
-    scores: dict[str, Sequence[float]] = {c.id: c.prefix_scores for c in chains if c.prefix_scores is not None}
+    scores: dict[str, Sequence[float]] = {
+        c.id: c.prefix_scores for c in chains if c.prefix_scores is not None
+    }
     missing = [c for c in chains if c.id not in scores]
     if isinstance(source, Mapping):
         scores.update({c.id: source[c.id] for c in missing if c.id in source})
@@ -285,27 +317,30 @@ def _stop_scores(
         scores.update({c.id: s for c, s in zip(missing, source(missing), strict=True)})
     for c in chains:
         if c.id not in scores:
-            raise InputError("stop examples need prefix scores and none were given", record=c.id, field="prefix_scores")
+            raise InputError(
+                "stop examples need prefix scores and none were given", record=c.id, field="prefix_scores"
+            )
         if len(scores[c.id]) != len(c.steps) + 1:
             raise InputError("needs one score per prefix (steps + 1)", record=c.id, field="prefix_scores")
     return scores
 
 
-def write_jsonl(examples: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
-    """Write examples as JSONL atomically (temp file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        for example in examples:
-            f.write(json.dumps(example, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+def load_example_file(path: str | Path) -> list[dict[str, Any]]:
+    """Prebuilt examples (prompt/completion JSONL, as `build_examples` or corag.warmstart write them),
+    checked: an InputError names the line and field of a malformed one."""
+    from corag.data.jsonl import iter_jsonl
 
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    examples = []
+    for line, record in iter_jsonl(path):
+        where = {"file": str(path), "line": line, "record": str(record.get("id"))}
+        for key in ("prompt", "completion"):
+            turns = record.get(key)
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) for t in turns):
+                raise InputError("expected a non-empty list of chat messages", field=key, **where)
+        if record.get("task") not in TASKS:
+            raise InputError(f"expected one of {TASKS}", field="task", **where)
+        examples.append(record)
+    return examples
 
 
 def to_dataset(examples: Sequence[Mapping[str, Any]]) -> Any:
@@ -335,7 +370,9 @@ def tokenize_example(
     kwargs = dict(chat_template_kwargs or {})
     (assistant,) = completion
     content = assistant["content"]
-    prompt_text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True, **kwargs)
+    prompt_text = tokenizer.apply_chat_template(
+        list(prompt), tokenize=False, add_generation_prompt=True, **kwargs
+    )
     full_text = tokenizer.apply_chat_template(list(prompt) + list(completion), tokenize=False, **kwargs)
     shared = len(os.path.commonprefix([prompt_text, full_text]))
     start = full_text.find(content, shared)
@@ -353,10 +390,16 @@ def tokenize_example(
     return {"input_ids": ids, "labels": labels}
 
 
-def tokenize_dataset(dataset: Any, tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None) -> Any:
+def tokenize_dataset(
+    dataset: Any,
+    tokenizer: Any,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    num_proc: int | None = None,
+) -> Any:
     """Add input_ids/labels to a prompt/completion Dataset; trl's SFTTrainer then skips its own tokenization
     and label building, and only truncates or packs."""
     return dataset.map(
         lambda ex: tokenize_example(tokenizer, ex["prompt"], ex["completion"], chat_template_kwargs),
         desc="tokenize",
+        num_proc=num_proc,
     )

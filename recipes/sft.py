@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from transformers.utils import is_torch_bf16_gpu_available
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
 from corag import training
+from corag.data.jsonl import write_jsonl
 
 logger = logging.getLogger("corag.sft")
 
@@ -35,17 +36,30 @@ class DataArguments:
     """Where the chains come from and how examples are built from them."""
 
     chains: str | None = field(default=None, metadata={"help": "chain records JSONL (sampling stage output)"})
-    corpus: str | None = field(default=None, metadata={"help": "corpus (.jsonl/.parquet/dataset folder) for documents"})
+    examples: str | None = field(
+        default=None,
+        metadata={
+            "help": "prebuilt prompt/completion JSONL to train on instead of chains (warm start, baselines)"
+        },
+    )
+    corpus: str | None = field(
+        default=None, metadata={"help": "corpus (.jsonl/.parquet/dataset folder) for documents"}
+    )
     index: str | None = field(
         default=None, metadata={"help": "index folder (`corag index`) to re-retrieve steps without doc ids"}
     )
-    ratio: float = field(default=training.DEFAULT_RATIO, metadata={"help": "keep rate of sub-query/sub-answer examples"})
+    ratio: float = field(
+        default=training.DEFAULT_RATIO, metadata={"help": "keep rate of sub-query/sub-answer examples"}
+    )
     example_seed: int = field(default=0, metadata={"help": "seed of the ratio draws"})
     stop_examples: bool = field(default=False, metadata={"help": "add learned-stop (Yes/No) examples"})
     chat_template_kwargs: dict[str, Any] | str | None = field(
-        default=None, metadata={"help": 'extra chat template variables, e.g. {"enable_thinking": false} for Qwen3'}
+        default=None,
+        metadata={"help": 'extra chat template variables, e.g. {"enable_thinking": false} for Qwen3'},
     )
-    merge_lora: bool = field(default=False, metadata={"help": "with LoRA, also save a merged model to output_dir/merged"})
+    merge_lora: bool = field(
+        default=False, metadata={"help": "with LoRA, also save a merged model to output_dir/merged"}
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[DataArguments, SFTConfig, ModelConfig]:
@@ -56,14 +70,24 @@ def parse_args(argv: list[str] | None = None) -> tuple[DataArguments, SFTConfig,
         # bf16 where the device has it: configs written for GPUs also run (in fp32) on CPU.
         logger.warning("bf16 is not available on this device; training in fp32")
         argv += ["--bf16", "false"]
+    if (
+        int(os.environ.get("WORLD_SIZE", "1")) > 1
+        and not torch.cuda.is_available()
+        and "--use_cpu" not in argv
+    ):
+        # Several processes without GPUs (`accelerate launch --multi_gpu` on CPU): DDP over gloo needs use_cpu,
+        # else each process trains alone.
+        argv += ["--use_cpu", "true"]
     try:
         data_args, sft_args, model_args = parser.parse_args_and_config(args=argv)
     except ValueError as e:  # TrlParser's messages name the unknown keys; make them a clean CLI error
         parser.error(str(e))
     if isinstance(data_args.chat_template_kwargs, str):
         data_args.chat_template_kwargs = json.loads(data_args.chat_template_kwargs)
-    if data_args.chains is None or model_args.model_name_or_path is None:
-        parser.error("`chains` and `model_name_or_path` are required")
+    if model_args.model_name_or_path is None:
+        parser.error("`model_name_or_path` is required")
+    if data_args.examples is None and None in (data_args.chains, data_args.corpus):
+        parser.error("`chains` and `corpus` are required (or prebuilt `examples`)")
     return data_args, sft_args, model_args
 
 
@@ -79,14 +103,28 @@ def load_retriever(index: str | None) -> Any:
     return loaders[kind](index)
 
 
-def build_examples(data_args: DataArguments, tokenizer: Any, model_path: str, out: Path) -> list[dict[str, Any]]:
+def build_examples(
+    data_args: DataArguments, tokenizer: Any, model_path: str, out: Path
+) -> list[dict[str, Any]]:
     """Examples from the chains, written once to `out` so that other ranks and resumed runs reuse them."""
+    settings = {k: v for k, v in asdict(data_args).items() if k not in ("merge_lora", "chat_template_kwargs")}
+    recorded = out.with_suffix(".args.json")
     if out.exists():
-        return training.read_jsonl(out)
+        if not recorded.exists() or json.loads(recorded.read_text()) != settings:
+            raise training.InputError(
+                "holds examples built with other data settings; use a new output_dir or delete the file",
+                file=str(out),
+            )
+        return training.load_example_file(out)
+    if data_args.examples is not None:
+        examples = training.load_example_file(data_args.examples)
+        recorded.write_text(json.dumps(settings, indent=1))
+        write_jsonl(out, examples)
+        return examples
     from corag.data.corpus import Corpus
 
     chains = training.load_chains(data_args.chains)
-    corpus = Corpus.load(data_args.corpus) if data_args.corpus else None
+    corpus = Corpus.load(data_args.corpus)
     scorer = None
     if data_args.stop_examples and any(c.prefix_scores is None for c in chains):
         # Records without prefix scores are scored by the model about to be trained (as sampled).
@@ -103,7 +141,9 @@ def build_examples(data_args: DataArguments, tokenizer: Any, model_path: str, ou
         stop=data_args.stop_examples,
         prefix_scores=scorer,
     )
-    training.write_jsonl(examples, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(json.dumps(settings, indent=1))
+    write_jsonl(out, examples)
     return examples
 
 
@@ -121,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # 2. Tokenizer; the chat template renders every example, exactly as at inference.
     tokenizer = AutoTokenizer.from_pretrained(
-        model_args.model_name_or_path, revision=model_args.model_revision, trust_remote_code=sft_args.trust_remote_code
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        trust_remote_code=sft_args.trust_remote_code,
     )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -129,14 +171,34 @@ def main(argv: list[str] | None = None) -> int:
     # 3. Examples (built on the main process first, then read by the others) and their tokens.
     with sft_args.main_process_first(desc="build examples"):
         examples = build_examples(
-            data_args, tokenizer, model_args.model_name_or_path, Path(sft_args.output_dir) / "sft_examples.jsonl"
+            data_args,
+            tokenizer,
+            model_args.model_name_or_path,
+            Path(sft_args.output_dir) / "sft_examples.jsonl",
         )
-        dataset = training.tokenize_dataset(training.to_dataset(examples), tokenizer, data_args.chat_template_kwargs)
+        dataset = training.tokenize_dataset(
+            training.to_dataset(examples),
+            tokenizer,
+            data_args.chat_template_kwargs,
+            sft_args.dataset_num_proc,
+        )
+    if sft_args.max_length is not None:
+        # trl would cut a longer sequence at the end, through its target: drop it instead, and say so.
+        too_long = sum(len(ids) > sft_args.max_length for ids in dataset["input_ids"])
+        if too_long:
+            logger.warning("dropping %d examples longer than max_length %d", too_long, sft_args.max_length)
+            dataset = dataset.filter(lambda ex: len(ex["input_ids"]) <= sft_args.max_length)
     counts = {task: sum(e["task"] == task for e in examples) for task in training.TASKS}
-    logger.info("examples: %s", counts)
+    logger.info("examples: %s; processes: %d", counts, sft_args.world_size)
 
     # 4. Model in the config's dtype (bf16 for the GPU configs); no KV cache while training.
-    dtypes = {"auto": "auto", None: None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    dtypes = {
+        "auto": "auto",
+        None: None,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+        "float32": torch.float32,
+    }
     model = AutoModelForCausalLM.from_pretrained(
         model_args.model_name_or_path,
         revision=model_args.model_revision,

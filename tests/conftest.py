@@ -13,6 +13,8 @@ os.environ.update(
     HF_DATASETS_OFFLINE="1",
     WANDB_MODE="disabled",
     TOKENIZERS_PARALLELISM="false",
+    # Spinning OpenMP threads make torch and faiss many times slower on a busy 2-core machine.
+    OMP_WAIT_POLICY="PASSIVE",
     HF_HOME=str(_RUN_DIR / "hf"),
     WANDB_DIR=str(_RUN_DIR / "wandb"),
     VLLM_CACHE_ROOT=str(_RUN_DIR / "vllm"),
@@ -72,3 +74,17 @@ def tiny_model_dir(tiny_tokenizer, tmp_path_factory) -> Path:
 
     model = build_tiny_model(tiny_tokenizer, seed=0)
     return save_tiny(tmp_path_factory.mktemp("tiny-llama"), model, tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def short_model_dir(tiny_model_dir, toy_world, tmp_path_factory) -> Path:
+    """The tiny model after `teach_turn_ends`: it answers in a few tokens and ends its turn, so
+    generation-heavy tests stay fast (a random model runs every generation to its length limit)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from corag.tinymodel import save_tiny, teach_turn_ends
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    teach_turn_ends(model, tokenizer, toy_world)
+    return save_tiny(tmp_path_factory.mktemp("short-llama"), model, tokenizer)

@@ -87,9 +87,9 @@ def test_bad_prediction_files_get_one_clear_error(tmp_path, lines, field, messag
     assert str(path) in str(err.value) and repr(field) in str(err.value)
 
 
-def test_an_interrupted_evaluation_resumes_where_it_stopped(toy_world, toy_dir, tiny_model_dir, tmp_path):
+def test_an_interrupted_evaluation_resumes_where_it_stopped(toy_world, toy_dir, short_model_dir, tmp_path):
     examples = toy_world.test[:4]
-    lm = load_lm(tiny_model_dir)
+    lm = load_lm(short_model_dir)
     retriever = BM25Retriever.from_passages(list(toy_world.passages))
     corpus = Corpus.load(toy_dir / "corpus.jsonl")
     run = Run("greedy", (("max_steps", 1),))

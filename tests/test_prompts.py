@@ -63,8 +63,8 @@ def test_call_a_before_the_first_step_says_nothing_yet():
 def test_call_b_reversed_unlabelled_documents_without_repeated_title():
     expected = (
         "Given the following documents, generate an appropriate answer for the query. DO NOT hallucinate "
-        "any information, only use the provided documents to generate the answer. Respond \"No relevant "
-        "information found\" if the documents do not contain useful information.\n"
+        'any information, only use the provided documents to generate the answer. Respond "No relevant '
+        'information found" if the documents do not contain useful information.\n'
         "\n"
         "## Documents\n"
         "Ralu Dase\n"
@@ -137,8 +137,8 @@ def test_call_c_without_documents_or_steps():
 def test_penalty_prompt_is_call_b_over_the_main_query_with_steps_as_documents():
     expected = (
         "Given the following documents, generate an appropriate answer for the query. DO NOT hallucinate "
-        "any information, only use the provided documents to generate the answer. Respond \"No relevant "
-        "information found\" if the documents do not contain useful information.\n"
+        'any information, only use the provided documents to generate the answer. Respond "No relevant '
+        'information found" if the documents do not contain useful information.\n'
         "\n"
         "## Documents\n"
         "Q: Who is the director of Kavo Ralu?\n"

@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 
 from corag import prompts, training
+from corag.data.jsonl import write_jsonl
 from corag.errors import InputError
 from corag.retrieval.bm25 import BM25Retriever
 from corag.tinymodel import build_tiny_model
@@ -84,7 +85,13 @@ def family_tokenizer(family: str, texts: list[str]) -> PreTrainedTokenizerFast:
     The Llama one also adds BOS on every encode, as the real one does: the double-BOS trap.
     """
     if family == "llama3.1":
-        special = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+        special = [
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+        ]
     else:
         special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
     tok = Tokenizer(models.BPE())
@@ -102,11 +109,16 @@ def family_tokenizer(family: str, texts: list[str]) -> PreTrainedTokenizerFast:
         tok.post_processor = processors.Sequence(
             [
                 processors.ByteLevel(trim_offsets=False),
-                processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="$A $B", special_tokens=[bos]),
+                processors.TemplateProcessing(
+                    single="<|begin_of_text|> $A", pair="$A $B", special_tokens=[bos]
+                ),
             ]
         )
         return PreTrainedTokenizerFast(
-            tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", chat_template=LLAMA31_TEMPLATE
+            tokenizer_object=tok,
+            bos_token="<|begin_of_text|>",
+            eos_token="<|eot_id|>",
+            chat_template=LLAMA31_TEMPLATE,
         )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=QWEN3_TEMPLATE
@@ -199,7 +211,9 @@ def test_bad_chain_records_name_record_and_field(tmp_path, toy_world):
         with pytest.raises(InputError, match=r"q-empty.*answers"):
             training.parse_chain({**good, "query_id": "q-empty", "answers": answers})
     path = tmp_path / "chains.jsonl"
-    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "query_id": "q3", "doc_ids": [["x"]]}) + "\n")
+    path.write_text(
+        json.dumps(good) + "\n" + json.dumps({**good, "query_id": "q3", "doc_ids": [["x"]]}) + "\n"
+    )
     with pytest.raises(InputError, match=r"chains\.jsonl, line 2, id 'q3', field 'doc_ids'"):
         training.load_chains(path)
 
@@ -224,7 +238,9 @@ def test_examples_match_the_prompts_and_targets(examples, chains, corpus, tiny_t
     assert final["prompt"] == prompts.final_answer_messages(chain.query, chain.steps, task_desc, docs, tok)
     assert final["completion"][0]["content"] == chain.answers[0]
     # The made-up prefix scores peak at the last prefix but one: "No" before it, "Yes" from it on.
-    stops = [by_id[f"{chain.id}/stop/{i}"]["completion"][0]["content"] for i in range(1, len(chain.steps) + 1)]
+    stops = [
+        by_id[f"{chain.id}/stop/{i}"]["completion"][0]["content"] for i in range(1, len(chain.steps) + 1)
+    ]
     assert stops == ["No"] * (len(chain.steps) - 2) + ["Yes", "Yes"]
 
 
@@ -261,11 +277,14 @@ def test_steps_without_doc_ids_are_re_retrieved(toy_world, corpus):
         training.build_examples(records, corpus, ratio=1.0)
     retriever = BM25Retriever.from_passages(toy_world.passages)
     built = training.build_examples(records, corpus, retriever=retriever, ratio=1.0)
-    for record, ex in zip(records, toy_world.train[:20]):
+    for record, ex in zip(records, toy_world.train[:20], strict=True):
         hits = retriever.search([record.query], 20)[0]
         final = next(e for e in built if e["id"] == f"{record.id}/final/0")
         expected = prompts.final_answer_messages(
-            record.query, record.steps, "answer multi-hop questions", corpus.get_many([h.doc_id for h in hits])
+            record.query,
+            record.steps,
+            "answer multi-hop questions",
+            corpus.get_many([h.doc_id for h in hits]),
         )
         assert final["prompt"] == expected
         for i, step in enumerate(ex.decomposition):
@@ -295,15 +314,20 @@ def test_lm_prefix_scores_give_stop_examples(hflm, chains, corpus):
     scorer = training.lm_prefix_scorer(hflm)
     built = training.build_examples(chains[:3], corpus, ratio=0.0, stop=True, prefix_scores=scorer)
     scores = scorer(chains[:3])
-    for chain, s in zip(chains[:3], scores):
+    for chain, s in zip(chains[:3], scores, strict=True):
         assert len(s) == len(chain.steps) + 1 and all(x < 0 for x in s)
         targets = [e["completion"][0]["content"] for e in built if e["id"].startswith(chain.id + "/stop/")]
         assert targets == training.stop_targets(s)
 
 
 def test_jsonl_round_trip(tmp_path, examples):
-    path = training.write_jsonl(examples, tmp_path / "x" / "examples.jsonl")
-    assert training.read_jsonl(path) == examples
+    path = tmp_path / "x" / "examples.jsonl"
+    write_jsonl(path, examples)
+    assert training.load_example_file(path) == examples
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({**examples[0], "completion": "Mina"}) + "\n")
+    with pytest.raises(InputError, match="completion"):
+        training.load_example_file(bad)
     assert not [p for p in path.parent.iterdir() if p.suffix == ".tmp"]
     ds = training.to_dataset(examples)
     assert set(ds.column_names) >= {"prompt", "completion", "task"}
@@ -347,7 +371,9 @@ def test_qwen3_default_rendering_keeps_think_block_unlabelled(family_tokenizers,
     out = training.tokenize_example(tokenizer, example["prompt"], example["completion"])
     labelled = [i for i in out["labels"] if i != -100]
     assert tokenizer.decode(labelled) == example["completion"][0]["content"] + "<|im_end|>"
-    assert "<think>\n\n</think>\n\n" + example["completion"][0]["content"] in tokenizer.decode(out["input_ids"])
+    assert "<think>\n\n</think>\n\n" + example["completion"][0]["content"] in tokenizer.decode(
+        out["input_ids"]
+    )
 
 
 def test_packed_rows_do_not_attend_across_examples(family_tokenizers, examples, tmp_path):
@@ -375,13 +401,18 @@ def test_packed_rows_do_not_attend_across_examples(family_tokenizers, examples, 
         forward = {k: v for k, v in packed_batch.items() if k != "labels"}
         logits_packed = model(**forward, use_cache=False).logits[0]
         logits_flat = model(input_ids=packed_batch["input_ids"], use_cache=False).logits[0]
-        logits_padded = model(input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"]).logits
+        logits_padded = model(
+            input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"]
+        ).logits
     assert torch.allclose(loss_packed, loss_padded, atol=1e-5)
     # Token by token: each packed segment sees only itself (the same logits as its padded row); without
     # position_ids the row is one long sequence and the logits differ, so this check can fail.
     starts = (packed_batch["position_ids"][0] == 0).nonzero().flatten().tolist() + [total]
-    rows = {tuple(padded_batch["input_ids"][r][padded_batch["attention_mask"][r].bool()].tolist()): r for r in range(6)}
-    for a, b in zip(starts, starts[1:]):
+    rows = {
+        tuple(padded_batch["input_ids"][r][padded_batch["attention_mask"][r].bool()].tolist()): r
+        for r in range(6)
+    }
+    for a, b in zip(starts[:-1], starts[1:], strict=True):
         r = rows[tuple(packed_batch["input_ids"][0, a:b].tolist())]
         assert torch.allclose(logits_packed[a:b], logits_padded[r, : b - a], atol=1e-4)
         if a > 0:

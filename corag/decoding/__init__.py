@@ -23,4 +23,6 @@ def get_strategy(name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
     try:
         return STRATEGIES[name]
     except KeyError:
-        raise InputError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}", field="strategy") from None
+        raise InputError(
+            f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}", field="strategy"
+        ) from None

@@ -6,6 +6,7 @@ from corag.chain import CorpusLike, DecodeResult, finish, open_question, safe_pe
 from corag.decoding.greedy import check_max_steps, sample_chain
 from corag.errors import InputError
 from corag.executor import Context
+from corag.prompts import FINAL_NUM_DOCS
 from corag.types import Example
 
 SAMPLE_TEMPERATURE = 0.7
@@ -20,6 +21,7 @@ async def best_of_n(
     n: int = 4,
     stop_bias: float | None = None,
     task_desc: str | None = None,
+    docs: int = FINAL_NUM_DOCS,
 ) -> DecodeResult:
     """Sample N chains concurrently, score each with the penalty, answer from the argmin chain.
 
@@ -28,7 +30,7 @@ async def best_of_n(
     check_max_steps(max_steps)
     if n < 1:
         raise InputError(f"the number of chains N must be 1 or more, got {n}", field="n")
-    question = await open_question(ctx, example, corpus, task_desc)
+    question = await open_question(ctx, example, corpus, task_desc, docs)
     chains = await ctx.gather(
         *(
             sample_chain(

@@ -19,6 +19,7 @@ from corag.chain import (
 )
 from corag.errors import InputError
 from corag.executor import Context
+from corag.prompts import FINAL_NUM_DOCS
 from corag.types import Example, Step
 
 RETRY_TEMPERATURE = 0.7
@@ -44,9 +45,9 @@ async def sample_chain(
 
     A sub-query that repeats an earlier one is discarded and asked again at max(t, 0.7); at most
     4 sub-query calls per step to add. Sub-answers are greedy. With `stop_bias`, the learned stop is
-    asked after each step. With `for_final`, a step is only taken while the final answer over the
-    chain still fits the budget (rollouts, never answered, skip that). Running out of budget ends the
-    chain with the steps so far.
+    asked after each step but the last. With `for_final`, a step is only taken while the final
+    answer over the chain still fits the budget (rollouts, never answered, skip that). Running out
+    of budget ends the chain with the steps so far.
     """
     steps = list(steps)
     max_calls = 4 * (max_steps - len(steps))
@@ -64,8 +65,10 @@ async def sample_chain(
             if for_final and not keep_room_for_final(ctx, question, [*steps, step]):
                 break
             steps.append(step)
-            if stop_bias is not None and await should_stop(
-                ctx, question.query, steps, question.task_desc, stop_bias
+            if (
+                stop_bias is not None
+                and len(steps) < max_steps
+                and await should_stop(ctx, question.query, steps, question.task_desc, stop_bias)
             ):
                 break
     except BudgetExceeded:
@@ -81,9 +84,10 @@ async def greedy(
     max_steps: int = 6,
     stop_bias: float | None = None,
     task_desc: str | None = None,
+    docs: int = FINAL_NUM_DOCS,
 ) -> DecodeResult:
     """One greedy chain of up to L steps (L = 0 answers from the documents alone), then the answer."""
     check_max_steps(max_steps)
-    question = await open_question(ctx, example, corpus, task_desc)
+    question = await open_question(ctx, example, corpus, task_desc, docs)
     steps = await sample_chain(ctx, question, max_steps=max_steps, temperature=0.0, stop_bias=stop_bias)
     return await finish(ctx, question, example, "greedy", steps)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -24,7 +25,9 @@ from corag.types import Example
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="corag predict", description="Run a CoRAG decoding strategy over questions.")
+    p = argparse.ArgumentParser(
+        prog="corag predict", description="Run a CoRAG decoding strategy over questions."
+    )
     p.add_argument("--model", required=True, help="checkpoint folder (chat model)")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"])
     p.add_argument("--device", default=None, help="hf backend device (default: cuda if available)")
@@ -39,7 +42,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=4, help="chains for best_of_n")
     p.add_argument("--stop-bias", type=float, default=None, help="learned stop with this logit bias on Yes")
     p.add_argument("--budget", type=int, default=None, help="token budget per question")
-    p.add_argument("--task", default=None, help="task name for the task description (default: each question's)")
+    p.add_argument(
+        "--task", default=None, help="task name for the task description (default: each question's)"
+    )
     p.add_argument("--max-active", type=int, default=256, help="questions decoded at once")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument("--out", required=True, help="predictions JSONL (appended; re-runs resume)")
@@ -89,7 +94,9 @@ def done_ids(out: Path) -> set[str]:
         try:
             ids.add(str(json.loads(line)["query_id"]))
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise InputError("not a prediction record", file=str(out), line=line_no, field="query_id") from None
+            raise InputError(
+                "not a prediction record", file=str(out), line=line_no, field="query_id"
+            ) from None
     return ids
 
 

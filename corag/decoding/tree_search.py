@@ -21,6 +21,7 @@ from corag.chain import (
 )
 from corag.decoding.greedy import check_max_steps, sample_chain
 from corag.executor import Context
+from corag.prompts import FINAL_NUM_DOCS
 from corag.types import Example, Step
 
 SAMPLE_TEMPERATURE = 0.7
@@ -67,10 +68,11 @@ async def tree_search(
     max_steps: int = 6,
     stop_bias: float | None = None,
     task_desc: str | None = None,
+    docs: int = FINAL_NUM_DOCS,
 ) -> DecodeResult:
     """L steps, each chosen among up to 4 distinct sampled sub-queries by the mean penalty of rollouts."""
     check_max_steps(max_steps)
-    question = await open_question(ctx, example, corpus, task_desc)
+    question = await open_question(ctx, example, corpus, task_desc, docs)
     steps: tuple[Step, ...] = ()
     tree: list[list[dict[str, object]]] = []  # per step: each candidate and its score
     try:
@@ -89,12 +91,16 @@ async def tree_search(
             )
             tree.append([{"subquery": q, "score": s} for q, s in zip(candidates, scores, strict=True)])
             ranked = sorted(range(len(new_steps)), key=lambda c: (scores[c] is None, scores[c] or 0.0))
-            best = next((c for c in ranked if keep_room_for_final(ctx, question, (*steps, new_steps[c]))), None)
+            best = next(
+                (c for c in ranked if keep_room_for_final(ctx, question, (*steps, new_steps[c]))), None
+            )
             if best is None:
                 break
             steps = (*steps, new_steps[best])
-            if stop_bias is not None and await should_stop(
-                ctx, question.query, steps, question.task_desc, stop_bias
+            if (
+                stop_bias is not None
+                and i < max_steps - 1
+                and await should_stop(ctx, question.query, steps, question.task_desc, stop_bias)
             ):
                 break
     except BudgetExceeded:

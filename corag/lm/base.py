@@ -6,8 +6,9 @@ model-specific token ids appear anywhere. Usage is counted from the tokenizer's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from corag.types import Usage
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 import secrets
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -27,14 +28,15 @@ from corag.lm.base import Completion, GenerationRequest, Message, Score, ScoreRe
 from corag.lm.render import ChatRenderer
 from corag.types import Usage
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 UNBOUNDED = 1_000_000  # tokenizers without a real limit report a huge model_max_length
 
 
 def sample_seed(seed: int, index: int) -> int:
-    """A 63-bit seed for sample `index` of a request seeded with `seed` (well mixed, no collisions
-    between nearby pairs)."""
+    """A 62-bit seed for sample `index` of a request seeded with `seed` (well mixed, no collisions
+    between nearby pairs, and room for vLLM to add sample indices within int64)."""
     digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+    return int.from_bytes(digest[:8], "little") >> 2
 
 
 def truncate_ids(ids: Sequence[int], max_tokens: int, middle: bool) -> list[int]:
@@ -97,10 +99,15 @@ class HFLM:
         tokenizer: PreTrainedTokenizerBase | None = None,
         *,
         device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         batch_size: int = 64,
         max_context: int | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        if isinstance(dtype, str):
+            if dtype not in DTYPES:
+                raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+            dtype = DTYPES[dtype]
         if isinstance(model, (str, Path)):
             name = str(model)
             device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -119,7 +126,7 @@ class HFLM:
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self.device = model.device
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(name)
-        self.renderer = ChatRenderer(self.tokenizer, name)
+        self.renderer = ChatRenderer(self.tokenizer, name, chat_template_kwargs)
         self.batch_size = batch_size
         self.end_ids = self.renderer.end_ids | _config_eos_ids(model)
         pad = self.tokenizer.pad_token_id
@@ -189,20 +196,23 @@ class HFLM:
 
     @torch.inference_mode()
     def _decode(self, seqs: list[_Seq]) -> None:
-        """Decode one micro-batch with left padding and a KV cache until every sequence is done."""
+        """Decode one micro-batch with left padding and a KV cache; finished rows leave the batch."""
         for seq in seqs:
             if seq.max_new <= 0:
                 self._finish(seq)
-        width = max(len(s.prompt) for s in seqs)
+        active = [s for s in seqs if not s.done]
+        if not active:
+            return
+        width = max(len(s.prompt) for s in active)
         input_ids = torch.tensor(
-            [[self.pad_id] * (width - len(s.prompt)) + list(s.prompt) for s in seqs], device=self.device
+            [[self.pad_id] * (width - len(s.prompt)) + list(s.prompt) for s in active], device=self.device
         )
         mask = torch.tensor(
-            [[0] * (width - len(s.prompt)) + [1] * len(s.prompt) for s in seqs], device=self.device
+            [[0] * (width - len(s.prompt)) + [1] * len(s.prompt) for s in active], device=self.device
         )
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        while not all(s.done for s in seqs):
+        while True:
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=mask,
@@ -212,17 +222,21 @@ class HFLM:
                 **{self._cache_arg: cache},
             )
             logits = out.logits[:, -1, :].float()
-            next_ids = [self._pick(seq, logits[i]) for i, seq in enumerate(seqs)]
-            for seq, token in zip(seqs, next_ids, strict=True):
-                if not seq.done:
-                    self._advance(seq, token)
-            input_ids = torch.tensor(next_ids, device=self.device)[:, None]
-            mask = torch.cat([mask, mask.new_ones(len(seqs), 1)], dim=1)
+            for i, seq in enumerate(active):
+                self._advance(seq, self._pick(seq, logits[i]))
+            keep = [i for i, s in enumerate(active) if not s.done]
+            if not keep:
+                return
+            if len(keep) < len(active):
+                rows = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(rows)
+                mask, positions = mask[rows], positions[rows]
+                active = [active[i] for i in keep]
+            input_ids = torch.tensor([[s.ids[-1]] for s in active], device=self.device)
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
             positions = positions[:, -1:] + 1
 
     def _pick(self, seq: _Seq, logits: torch.Tensor) -> int:
-        if seq.done:
-            return self.pad_id
         if seq.generator is None:
             return int(logits.argmax())
         probs = torch.softmax(logits / seq.temperature, dim=-1)

@@ -8,8 +8,9 @@ model-specific token ids are needed anywhere.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -25,9 +26,17 @@ def _key(messages: Sequence[Message]) -> str:
 
 class ChatRenderer:
     """Renders chat messages to token ids with a tokenizer's chat template; results are cached
-    because strategies count a prompt's tokens before sending it."""
+    because strategies count a prompt's tokens before sending it.
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, name: str = "") -> None:
+    `template_kwargs` go to every rendering, e.g. {"enable_thinking": False} for Qwen3 templates.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        name: str = "",
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         if not tokenizer.chat_template:
             raise InputError(
                 "the tokenizer has no chat template; corag renders every prompt with the model's own "
@@ -36,6 +45,7 @@ class ChatRenderer:
                 field="chat_template",
             )
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
         self._prompt = lru_cache(maxsize=CACHE_SIZE)(self._render_prompt)
         self._scored = lru_cache(maxsize=CACHE_SIZE)(self._render_scored)
         self.end_ids = self._end_of_turn_ids()
@@ -55,7 +65,7 @@ class ChatRenderer:
 
     def _template(self, messages: list[Message], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=generation_prompt, tokenize=False
+            messages, add_generation_prompt=generation_prompt, tokenize=False, **self.template_kwargs
         )
 
     def _render_prompt(self, key: str) -> tuple[int, ...]:
@@ -73,7 +83,8 @@ class ChatRenderer:
         if content is None:
             raise ValueError(
                 "the chat template does not render an assistant turn as the generation prompt followed "
-                "by its content, so the target's tokens cannot be located"
+                "by its content, so the target's tokens cannot be located (templates with a thinking "
+                "block need chat_template_kwargs such as {'enable_thinking': False})"
             )
         prompt = self.encode(prompt_text)
         upto_content = self.encode(prompt_text + content)

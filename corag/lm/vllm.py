@@ -7,7 +7,7 @@ an engine is built.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from transformers import AutoTokenizer
@@ -35,12 +35,13 @@ class VLLMLM:
         max_model_len: int | None = None,
         seed: int = 0,
         enable_prefix_caching: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         **engine_kwargs: Any,
     ) -> None:
         from vllm import LLM
 
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.renderer = ChatRenderer(self.tokenizer, path)
+        self.renderer = ChatRenderer(self.tokenizer, path, chat_template_kwargs)
         self.engine = LLM(
             path,
             tensor_parallel_size=tensor_parallel_size,
@@ -79,50 +80,49 @@ class VLLMLM:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """Continue each request's conversation with an assistant turn, `n` samples each."""
-        from vllm import SamplingParams
-
         prompts = [self.renderer.prompt_ids(r.messages) for r in requests]
-        sent, params = [], []
-        for request, prompt in zip(requests, prompts, strict=True):
+        for prompt in prompts:
             if len(prompt) > self.max_context:
                 raise context_error(len(prompt), self.max_context)
-            max_new = min(request.max_new_tokens, self.max_context - len(prompt))
-            if max_new <= 0 or request.n <= 0:
-                continue
-            greedy = request.temperature <= 0
-            seed = None if greedy or request.seed is None else sample_seed(request.seed, 0)
-            sent.append({"prompt_token_ids": list(prompt)})
-            params.append(
-                SamplingParams(
-                    n=1 if greedy else request.n,
-                    temperature=max(request.temperature, 0.0),
-                    max_tokens=max_new,
-                    stop=list(request.stop) or None,
-                    stop_token_ids=self.end_ids,
-                    seed=seed,
-                )
-            )
-        outputs = iter(self.engine.generate(sent, params, use_tqdm=False) if sent else [])
+        room = [
+            min(r.max_new_tokens, self.max_context - len(p)) for r, p in zip(requests, prompts, strict=True)
+        ]
+        sent = [i for i, r in enumerate(requests) if room[i] > 0 and r.n > 0]
+        outputs = self._run(
+            [list(prompts[i]) for i in sent], [self._sampling(requests[i], room[i]) for i in sent]
+        )
+        samples = {i: output.outputs for i, output in zip(sent, outputs, strict=True)}
         completions = []
-        for (
-            request,
-            prompt,
-        ) in zip(requests, prompts, strict=True):
-            if min(request.max_new_tokens, self.max_context - len(prompt)) <= 0 or request.n <= 0:
-                texts, generated = ("",) * request.n, 0
-            else:
-                samples = next(outputs).outputs
-                copies = request.n if request.temperature <= 0 else 1
-                # Decoded as the transformers backend does: vLLM's incremental text drops a final
-                # incomplete character, which a plain decode keeps as a replacement character.
-                texts = tuple(
-                    completion_text(self.tokenizer, list(s.token_ids), self.end_ids, request.stop)
-                    for s in samples
-                )
-                texts = texts * copies
-                generated = sum(len(s.token_ids) for s in samples) * copies
-            completions.append(Completion(texts, Usage(request.n * len(prompt), generated, 1)))
+        for i, request in enumerate(requests):
+            copies = request.n if request.temperature <= 0 else 1
+            ids = [list(s.token_ids) for s in samples.get(i, ())] * copies
+            # Decoded as the transformers backend does: vLLM's incremental text drops a final
+            # incomplete character, which a plain decode keeps as a replacement character.
+            texts = tuple(completion_text(self.tokenizer, x, self.end_ids, request.stop) for x in ids)
+            texts = texts if i in samples else ("",) * request.n  # no room left after the prompt
+            generated = sum(len(x) for x in ids)
+            completions.append(Completion(texts, Usage(request.n * len(prompts[i]), generated, 1)))
         return completions
+
+    def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
+        """One engine call over token prompts (none for an empty batch)."""
+        if not prompts:
+            return []
+        return self.engine.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+    def _sampling(self, request: GenerationRequest, max_new: int) -> Any:
+        """vLLM sampling parameters of one request; a greedy request is decoded once."""
+        from vllm import SamplingParams
+
+        greedy = request.temperature <= 0
+        return SamplingParams(
+            n=1 if greedy else request.n,
+            temperature=max(request.temperature, 0.0),
+            max_tokens=max_new,
+            stop=list(request.stop) or None,
+            stop_token_ids=self.end_ids,
+            seed=None if greedy or request.seed is None else sample_seed(request.seed, 0),
+        )
 
     # Scoring -----------------------------------------------------------------------------------
 
@@ -137,9 +137,7 @@ class VLLMLM:
             if len(ids) >= self.max_context:
                 raise context_error(len(ids), self.max_context - 1)
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        outputs = self.engine.generate(
-            [{"prompt_token_ids": list(ids)} for ids, _ in rendered], params, use_tqdm=False
-        )
+        outputs = self._run([list(ids) for ids, _ in rendered], [params] * len(rendered))
         scores = []
         for (ids, start), output in zip(rendered, outputs, strict=True):
             logprobs = tuple(output.prompt_logprobs[p][ids[p]].logprob for p in range(start, len(ids)))

