@@ -21,16 +21,18 @@ import torch
 from corag.data.corpus import Corpus
 from corag.data.toyworld import generate_world, tokenizer_texts
 from corag.lm import load_lm
+from corag.lm.base import WrappedLM
 from corag.retrieval.bm25 import BM25Retriever
 from corag.sampling import SamplingConfig, run_sampling
 from corag.tinymodel import build_tiny_model, save_tiny, teach_turn_ends, train_tokenizer
 
 
-class TimedLM:
+class TimedLM(WrappedLM):
     """Passes calls to a real LM and adds up the seconds spent in generate and in score."""
 
     def __init__(self, lm: Any) -> None:
-        self.lm, self.seconds = lm, {"generate": 0.0, "score": 0.0}
+        super().__init__(lm)
+        self.seconds = {"generate": 0.0, "score": 0.0}
 
     def generate(self, requests):
         start = time.perf_counter()
@@ -43,22 +45,6 @@ class TimedLM:
         out = self.lm.score(requests)
         self.seconds["score"] += time.perf_counter() - start
         return out
-
-    def count_prompt_tokens(self, messages):
-        return self.lm.count_prompt_tokens(messages)
-
-    def count_score_tokens(self, request):
-        return self.lm.count_score_tokens(request)
-
-    def count_tokens(self, text):
-        return self.lm.count_tokens(text)
-
-    def truncate_tokens(self, text, max_tokens, *, middle=False):
-        return self.lm.truncate_tokens(text, max_tokens, middle=middle)
-
-    @property
-    def max_context(self) -> int:
-        return self.lm.max_context
 
 
 def main() -> None:

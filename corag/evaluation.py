@@ -230,7 +230,8 @@ TABLE_COLUMNS = ["run", "em", "f1", "cover_em", "tokens_per_question", "calls_pe
 def write_results(results: dict[str, dict[str, Any]], out_dir: Path, metric: str = "em") -> dict[str, Path]:
     """The sweep's table (markdown and CSV) and scaling plot."""
     hop_keys = sorted({h for r in results.values() for h in r.get("em_by_hops", {})}, key=int)
-    columns = TABLE_COLUMNS + [f"em_{h}hop" for h in hop_keys]
+    described = [c for c in ("model", "spec") if any(c in r for r in results.values())]
+    columns = TABLE_COLUMNS[:1] + described + TABLE_COLUMNS[1:] + [f"em_{h}hop" for h in hop_keys]
     rows = []
     for name, summary in results.items():
         row = {"run": name, **{k: v for k, v in summary.items() if not isinstance(v, dict)}}

@@ -38,7 +38,7 @@ from corag.errors import InputError
 from corag.executor import Context, Executor
 from corag.lm.base import ScoreRequest
 from corag.metrics import exact_match, max_over_golds
-from corag.prompts import FINAL_NUM_DOCS, final_answer_messages, task_description
+from corag.prompts import FINAL_NUM_DOCS, NO_INFO, final_answer_messages, task_description
 from corag.types import Example, Passage, Step
 
 # How a chain is scored: the prompt under which log P(gold answer | query, chain) is measured.
@@ -112,14 +112,21 @@ async def sample_one_chain(
     max_length: int,
     passages: Sequence[Passage],
 ) -> SampledChain:
-    """Grow one chain to at most `max_length` steps, scoring it after every step."""
+    """Grow one chain to at most `max_length` steps, scoring it after every step.
+
+    An empty sub-query ends the chain (the model has nothing more to ask); an empty sub-answer is
+    recorded as "No relevant information found", what call B asks the model to say then.
+    """
     steps: list[Step] = []
     task_desc = task_description(example.task)
-    score, early_stop = float("-inf"), None
+    score, early_stop = None, None
     while len(steps) < max_length:
         seed = call_seed(example.id, f"sample-{config.seed}-{index}", len(steps), 0)
         query = await next_subquery(ctx, example.query, steps, task_desc, config.temperature, seed)
-        steps.append(await subanswer(ctx, query, corpus, k=config.top_k))
+        if not query:
+            break
+        step = await subanswer(ctx, query, corpus, k=config.top_k)
+        steps.append(step if step.subanswer else Step(step.subquery, NO_INFO, step.doc_ids))
         score = await gold_logprob(ctx, example, steps, passages)
         if max_over_golds(exact_match, steps[-1].subanswer, example.answers):
             early_stop = "answer_match"
@@ -127,6 +134,8 @@ async def sample_one_chain(
             early_stop = "likelihood"
         if early_stop:
             break
+    if score is None:  # not a single step: the chain is the empty one
+        score = await gold_logprob(ctx, example, steps, passages)
     return SampledChain(tuple(steps), score, max_length, early_stop)
 
 

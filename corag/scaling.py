@@ -83,6 +83,7 @@ def plot_scaling(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     ax.scatter(tokens, accuracy, color="tab:blue", zorder=3)
@@ -100,6 +101,8 @@ def plot_scaling(
             grid, log_curve(grid, a, b, c), color="tab:green", label=f"fit {a:.2f}·log(x+{b:.0f})+{c:.1f}"
         )
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("mean tokens per question (log scale)")
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)

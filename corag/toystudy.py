@@ -23,7 +23,8 @@ from typing import Any
 
 from corag.config import parse_config
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "sft.py"
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "sft.py"
 
 # Table label -> (model, run spec). Models: "warm", "corag", "single_step".
 DEFAULT_EVALS = {
@@ -33,6 +34,8 @@ DEFAULT_EVALS = {
     "corag_best_of_4": ("corag", "best_of_n:L=3:N=4"),
     "corag_tree": ("corag", "tree_search:L=3"),
     "ircot": ("corag", "ircot"),
+    "ircot_one_step": ("corag", "one_step"),
+    "ircot_no_retrieval": ("corag", "no_retrieval"),
     "searchain": ("corag", "searchain"),
 }
 
@@ -93,7 +96,8 @@ def _stage(name: str, done: Path, timings: dict[str, float], fn: Callable[[], An
 
 def train(config_file: str, model: Path, out: Path, data: dict[str, str], extra: list[str] = ()) -> None:
     """Run recipes/sft.py in a subprocess, exactly as a user would (one process)."""
-    args = [sys.executable, str(RECIPE), "--config", config_file, "--model_name_or_path", str(model)]
+    config = Path(config_file) if Path(config_file).exists() else REPO / config_file  # from any folder
+    args = [sys.executable, str(RECIPE), "--config", str(config), "--model_name_or_path", str(model)]
     args += ["--output_dir", str(out), *[x for k, v in data.items() for x in (f"--{k}", v)], *extra]
     subprocess.run(args, check=True)
 
@@ -220,6 +224,20 @@ def single_step_examples(examples: list, corpus: Any, retriever: Any) -> list[di
     return out
 
 
+def balanced_by_hops(examples: list, n: int) -> list:
+    """The first `n` questions taking each hop count in turn (2, 3, 4, 2, 3, 4, ...)."""
+    groups: dict[int, list] = {}
+    for example in examples:
+        groups.setdefault(int(example.meta.get("hops", 0)), []).append(example)
+    out: list = []
+    queues = [list(g) for _, g in sorted(groups.items())]
+    while len(out) < n and any(queues):
+        for queue in queues:
+            if queue and len(out) < n:
+                out.append(queue.pop(0))
+    return out
+
+
 def evaluate_all(
     cfg: StudyConfig,
     out: Path,
@@ -234,7 +252,7 @@ def evaluate_all(
     from corag.lm import load_lm
     from corag.methods.demos import demos_from_examples
 
-    examples = world.test[: cfg.test_questions]
+    examples = balanced_by_hops(world.test, cfg.test_questions)
     # IRCoT's demonstrations: gold chains of training questions (never test questions).
     demos = demos_from_examples(
         world.train, corpus, n=cfg.ircot_demonstrations, retriever=retriever, seed=cfg.seed
@@ -260,7 +278,8 @@ def evaluate_all(
             max_active=cfg.max_active,
             extra_kwargs=extra,
         )
-        results[label] = {"model": model, "run": run.name, **score_records(examples, records, "toy")}
+        results[label] = {"model": model, "spec": run.name, **score_records(examples, records, "toy")}
+        (path.parent / "metrics.json").write_text(json.dumps(results[label], indent=2))
     timings["evaluate"] = round(time.perf_counter() - start, 1)
     paths = write_results(results, out / "eval")
     print(paths["table"].read_text())

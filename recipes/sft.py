@@ -109,6 +109,7 @@ def build_examples(
     """Examples from the chains, written once to `out` so that other ranks and resumed runs reuse them."""
     settings = {k: v for k, v in asdict(data_args).items() if k not in ("merge_lora", "chat_template_kwargs")}
     recorded = out.with_suffix(".args.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists():
         if not recorded.exists() or json.loads(recorded.read_text()) != settings:
             raise training.InputError(

@@ -1,6 +1,6 @@
 """Join the shard files of a sampling run, checking that every question appears exactly once.
 
-    python sampling/merge.py --questions train.jsonl --out chains.jsonl runs/chains/chains-*.jsonl
+python sampling/merge.py --questions train.jsonl --out chains.jsonl runs/chains/chains-*.jsonl
 """
 
 import sys

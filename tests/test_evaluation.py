@@ -26,7 +26,13 @@ from corag.types import Example
 
 def test_run_specs_expand_grids_and_reject_unknown_methods():
     runs = parse_runs(["greedy:L=1,2", "best_of_n:L=3:N=2,4", "ircot"])
-    assert [r.name for r in runs] == ["greedy:L=1", "greedy:L=2", "best_of_n:L=3:N=2", "best_of_n:L=3:N=4", "ircot"]
+    assert [r.name for r in runs] == [
+        "greedy:L=1",
+        "greedy:L=2",
+        "best_of_n:L=3:N=2",
+        "best_of_n:L=3:N=4",
+        "ircot",
+    ]
     assert runs[3].kwargs == {"max_steps": 3, "n": 4}
     with pytest.raises(InputError, match="unknown method"):
         parse_runs(["beam:L=2"])
@@ -72,8 +78,16 @@ def test_scores_recall_and_hops_on_a_hand_built_case():
     ("lines", "field", "message"),
     [
         ([{"query_id": "q1", "predictions": "x"}], "query_id", "no prediction"),
-        ([{"query_id": "q1", "predictions": "x"}, {"query_id": "q1", "predictions": "y"}], "query_id", "duplicate"),
-        ([{"query_id": "q1", "predictions": 3}, {"query_id": "q2", "predictions": "y"}], "predictions", "string"),
+        (
+            [{"query_id": "q1", "predictions": "x"}, {"query_id": "q1", "predictions": "y"}],
+            "query_id",
+            "duplicate",
+        ),
+        (
+            [{"query_id": "q1", "predictions": 3}, {"query_id": "q2", "predictions": "y"}],
+            "predictions",
+            "string",
+        ),
         ([{"query_id": 1, "predictions": "x"}], "query_id", "string query id"),
         ([{"query_id": "q9", "predictions": "x"}], "query_id", "not in the dataset"),
         ([{"query_id": "q1", "predictions": "x", "usage": {"total_tokens": "many"}}], "usage", "integer"),
@@ -109,7 +123,10 @@ def test_tables_and_plot(tmp_path):
     }  # fmt: skip
     paths = write_results(results, tmp_path)
     table = paths["table"].read_text().splitlines()
-    assert table[0] == "| run | em | f1 | cover_em | tokens_per_question | calls_per_question | em_2hop | em_3hop |"
+    assert (
+        table[0]
+        == "| run | em | f1 | cover_em | tokens_per_question | calls_per_question | em_2hop | em_3hop |"
+    )
     assert table[3].startswith("| best_of_n:L=1:N=4 | 15.0 | 18.0 |")
     assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
 

@@ -85,3 +85,33 @@ class LM(Protocol):
 
     @property
     def max_context(self) -> int: ...
+
+
+class WrappedLM:
+    """Passes every call to the LM `lm`; a subclass overrides what it observes or changes (call
+    recording in tests, timing in benchmarks) and inherits the rest of the protocol."""
+
+    def __init__(self, lm: LM) -> None:
+        self.lm = lm
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        return self.lm.generate(requests)
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Score]:
+        return self.lm.score(requests)
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
+        return self.lm.count_prompt_tokens(messages)
+
+    def count_score_tokens(self, request: ScoreRequest) -> int:
+        return self.lm.count_score_tokens(request)
+
+    def count_tokens(self, text: str) -> int:
+        return self.lm.count_tokens(text)
+
+    def truncate_tokens(self, text: str, max_tokens: int, *, middle: bool = False) -> str:
+        return self.lm.truncate_tokens(text, max_tokens, middle=middle)
+
+    @property
+    def max_context(self) -> int:
+        return self.lm.max_context

@@ -24,8 +24,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from corag.lm.base import Completion, GenerationRequest, Message, Score, ScoreRequest
-from corag.lm.render import ChatRenderer
+from corag.lm.base import Completion, GenerationRequest, Score, ScoreRequest
+from corag.lm.render import ChatRenderer, CountingLM
 from corag.types import Usage
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,17 +37,6 @@ def sample_seed(seed: int, index: int) -> int:
     between nearby pairs, and room for vLLM to add sample indices within int64)."""
     digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 2
-
-
-def truncate_ids(ids: Sequence[int], max_tokens: int, middle: bool) -> list[int]:
-    """The first `max_tokens` ids, or with `middle` the first and last halves."""
-    if len(ids) <= max_tokens:
-        return list(ids)
-    if not middle:
-        return list(ids[:max_tokens])
-    head = max_tokens - max_tokens // 2
-    tail = max_tokens // 2
-    return list(ids[:head]) + (list(ids[-tail:]) if tail else [])
 
 
 def stop_index(text: str, stops: Sequence[str]) -> int | None:
@@ -90,7 +79,7 @@ class _Seq:
     done: bool = False
 
 
-class HFLM:
+class HFLM(CountingLM):
     """A transformers causal LM behind the LM protocol (bf16 on GPU, fp32 on CPU, eval mode)."""
 
     def __init__(
@@ -139,23 +128,6 @@ class HFLM:
     @property
     def max_context(self) -> int:
         return self._max_context
-
-    # Counting and truncation -------------------------------------------------------------------
-
-    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
-        return len(self.renderer.prompt_ids(messages))
-
-    def count_score_tokens(self, request: ScoreRequest) -> int:
-        return len(self.renderer.scored_ids(request.messages, request.target)[0])
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.renderer.encode(text))
-
-    def truncate_tokens(self, text: str, max_tokens: int, *, middle: bool = False) -> str:
-        ids = self.renderer.encode(text)
-        if len(ids) <= max_tokens:
-            return text
-        return self.tokenizer.decode(truncate_ids(ids, max_tokens, middle))
 
     # Generation --------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from corag.errors import InputError
-from corag.lm.base import Message
+from corag.lm.base import Message, ScoreRequest
 
 CACHE_SIZE = 65536
 
@@ -103,3 +103,37 @@ class ChatRenderer:
         ids_scored, _ = self.scored_ids(({"role": "user", "content": "Hello"},), "Hi")
         ids.add(ids_scored[-1])
         return frozenset(ids)
+
+
+def truncate_ids(ids: Sequence[int], max_tokens: int, middle: bool) -> list[int]:
+    """The first `max_tokens` ids, or with `middle` the first and last halves."""
+    if len(ids) <= max_tokens:
+        return list(ids)
+    if not middle:
+        return list(ids[:max_tokens])
+    head = max_tokens - max_tokens // 2
+    tail = max_tokens // 2
+    return list(ids[:head]) + (list(ids[-tail:]) if tail else [])
+
+
+class CountingLM:
+    """Token counting and truncation shared by the backends, all through the chat renderer (what
+    `generate` and `score` charge is exactly what these count)."""
+
+    renderer: ChatRenderer
+    tokenizer: PreTrainedTokenizerBase
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
+        return len(self.renderer.prompt_ids(messages))
+
+    def count_score_tokens(self, request: ScoreRequest) -> int:
+        return len(self.renderer.scored_ids(request.messages, request.target)[0])
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.renderer.encode(text))
+
+    def truncate_tokens(self, text: str, max_tokens: int, *, middle: bool = False) -> str:
+        ids = self.renderer.encode(text)
+        if len(ids) <= max_tokens:
+            return text
+        return self.tokenizer.decode(truncate_ids(ids, max_tokens, middle))

@@ -12,13 +12,13 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from corag.lm.base import Completion, GenerationRequest, Message, Score, ScoreRequest
-from corag.lm.hf import completion_text, context_error, sample_seed, truncate_ids
-from corag.lm.render import ChatRenderer
+from corag.lm.base import Completion, GenerationRequest, Score, ScoreRequest
+from corag.lm.hf import completion_text, context_error, sample_seed
+from corag.lm.render import ChatRenderer, CountingLM
 from corag.types import Usage
 
 
-class VLLMLM:
+class VLLMLM(CountingLM):
     """A vLLM offline engine behind the LM protocol.
 
     Each request's seed is mixed as in the transformers backend and handed to vLLM, which seeds sample
@@ -58,23 +58,6 @@ class VLLMLM:
     @property
     def max_context(self) -> int:
         return self._max_context
-
-    # Counting and truncation -------------------------------------------------------------------
-
-    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
-        return len(self.renderer.prompt_ids(messages))
-
-    def count_score_tokens(self, request: ScoreRequest) -> int:
-        return len(self.renderer.scored_ids(request.messages, request.target)[0])
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.renderer.encode(text))
-
-    def truncate_tokens(self, text: str, max_tokens: int, *, middle: bool = False) -> str:
-        ids = self.renderer.encode(text)
-        if len(ids) <= max_tokens:
-            return text
-        return self.tokenizer.decode(truncate_ids(ids, max_tokens, middle))
 
     # Generation --------------------------------------------------------------------------------
 

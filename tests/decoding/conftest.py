@@ -6,12 +6,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from corag.lm.base import Completion, GenerationRequest, Message, Score, ScoreRequest
+from corag.lm.base import Completion, GenerationRequest, Score, ScoreRequest, WrappedLM
 from corag.types import Hit, Passage
 
 _WORD = re.compile(r"\w+")
@@ -46,14 +45,14 @@ class OverlapRetriever:
         return out
 
 
-@dataclass
-class RecordingLM:
+class RecordingLM(WrappedLM):
     """Passes every call to a real LM and records requests and results (for counting and recounting)."""
 
-    lm: Any
-    generated: list[tuple[GenerationRequest, Completion]] = field(default_factory=list)
-    scored: list[tuple[ScoreRequest, Score]] = field(default_factory=list)
-    batches: Counter = field(default_factory=Counter)
+    def __init__(self, lm: Any) -> None:
+        super().__init__(lm)
+        self.generated: list[tuple[GenerationRequest, Completion]] = []
+        self.scored: list[tuple[ScoreRequest, Score]] = []
+        self.batches: Counter = Counter()
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         self.batches["generate"] += 1
@@ -66,22 +65,6 @@ class RecordingLM:
         out = self.lm.score(requests)
         self.scored.extend(zip(requests, out, strict=True))
         return out
-
-    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
-        return self.lm.count_prompt_tokens(messages)
-
-    def count_score_tokens(self, request: ScoreRequest) -> int:
-        return self.lm.count_score_tokens(request)
-
-    def count_tokens(self, text: str) -> int:
-        return self.lm.count_tokens(text)
-
-    def truncate_tokens(self, text: str, max_tokens: int, *, middle: bool = False) -> str:
-        return self.lm.truncate_tokens(text, max_tokens, middle=middle)
-
-    @property
-    def max_context(self) -> int:
-        return self.lm.max_context
 
 
 @pytest.fixture(scope="session")

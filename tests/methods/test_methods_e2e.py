@@ -11,7 +11,7 @@ import pytest
 
 from corag.data.corpus import Corpus
 from corag.executor import Context, Executor
-from corag.lm.base import Completion, GenerationRequest, Message, Score, ScoreRequest
+from corag.lm.base import Completion, GenerationRequest, Score, ScoreRequest, WrappedLM
 from corag.lm.hf import HFLM
 from corag.methods import METHODS
 from corag.methods.demos import demos_from_examples
@@ -25,11 +25,11 @@ CORE_FIELDS = {
 }  # fmt: skip
 
 
-class Recording:
+class Recording(WrappedLM):
     """Delegates to the real LM and keeps every usage it reports (what the backend itself charged)."""
 
     def __init__(self, lm: HFLM) -> None:
-        self.lm = lm
+        super().__init__(lm)
         self.usages: list[Usage] = []
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
@@ -41,22 +41,6 @@ class Recording:
         out = self.lm.score(requests)
         self.usages += [s.usage for s in out]
         return out
-
-    def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
-        return self.lm.count_prompt_tokens(messages)
-
-    def count_score_tokens(self, request: ScoreRequest) -> int:
-        return self.lm.count_score_tokens(request)
-
-    def count_tokens(self, text: str) -> int:
-        return self.lm.count_tokens(text)
-
-    def truncate_tokens(self, text: str, max_tokens: int, *, middle: bool = False) -> str:
-        return self.lm.truncate_tokens(text, max_tokens, middle=middle)
-
-    @property
-    def max_context(self) -> int:
-        return self.lm.max_context
 
 
 @pytest.fixture(scope="module")

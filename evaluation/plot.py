@@ -1,0 +1,29 @@
+"""Redraw the table and scaling plot of an evaluation folder from its runs' metrics.json files.
+
+python evaluation/plot.py runs/eval/hotpotqa [--metric f1]
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from corag.evaluation import write_results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--metric", default="em")
+    args = parser.parse_args()
+    results = {
+        path.parent.name: json.loads(path.read_text()) for path in sorted(args.folder.glob("*/metrics.json"))
+    }
+    if not results:
+        raise SystemExit(f"no */metrics.json under {args.folder}")
+    paths = write_results(results, args.folder, metric=args.metric)
+    print(paths["table"].read_text())
+    print(f"table {paths['table']}, plot {paths['plot']}")
+
+
+if __name__ == "__main__":
+    main()
