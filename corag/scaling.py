@@ -87,8 +87,10 @@ def plot_scaling(
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     ax.scatter(tokens, accuracy, color="tab:blue", zorder=3)
-    for name, x, y in zip(names, tokens, accuracy, strict=True):
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    by_tokens = sorted(range(len(names)), key=lambda i: tokens[i])
+    for rank, i in enumerate(by_tokens):  # alternate label heights so neighbours do not overlap
+        offset = (4, 6 + 9 * (rank % 3))
+        ax.annotate(names[i], (tokens[i], accuracy[i]), textcoords="offset points", xytext=offset, fontsize=7)
     front = pareto_frontier(tokens, accuracy)
     fx = [tokens[i] for i in front]
     fy = [accuracy[i] for i in front]
@@ -105,8 +107,9 @@ def plot_scaling(
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("mean tokens per question (log scale)")
     ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=min(0.0, min(accuracy)), top=max(10.0, 1.15 * max(accuracy)))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -191,39 +191,6 @@ def iter_examples(
         yield from world_examples(world_seed, config)
 
 
-def name_token_pairs(tokenizer: Any, words: Sequence[str]) -> tuple[list[int], list[int]]:
-    """Token ids of each word bare (`Kemetril`) and after a space (` Kemetril`), where both are one token."""
-    bare, spaced = [], []
-    for word in words:
-        b = tokenizer(word, add_special_tokens=False)["input_ids"]
-        s = tokenizer(" " + word, add_special_tokens=False)["input_ids"]
-        if len(b) == 1 and len(s) == 1 and b != s:
-            bare.append(b[0])
-            spaced.append(s[0])
-    return bare, spaced
-
-
-def align_name_embeddings(model: Any, tokenizer: Any, words: Sequence[str]) -> int:
-    """Make each bare name token's embedding its spaced twin's plus one offset shared by all names.
-
-    A byte-level BPE gives every name-word two unrelated tokens, and the two meet exactly where reading
-    happens: passages hold ` Kemetril` (after `is`), an answer starts with `Kemetril` (after the
-    assistant header). Aligned, an identity copy through tied embeddings yields the right token, and one
-    direction tells the two forms apart. Call it at initialisation and after every optimiser step (the
-    shared offset is the current mean difference, so it is learned). Returns the number of names aligned.
-    """
-    import torch
-
-    bare, spaced = (torch.tensor(ids, dtype=torch.long) for ids in name_token_pairs(tokenizer, words))
-    if not len(bare):
-        return 0
-    with torch.no_grad():
-        weight = model.get_input_embeddings().weight
-        offset = (weight[bare] - weight[spaced]).mean(0)
-        weight[bare] = weight[spaced] + offset
-    return len(bare)
-
-
 def main(argv: list[str] | None = None) -> int:
     """`corag warmstart --out FILE --seed N --worlds W`: write warm-start examples as JSONL."""
     from corag.data.jsonl import write_jsonl

@@ -166,26 +166,3 @@ def test_main_writes_jsonl(tmp_path, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sum(r["task"] == "subanswer" for r in rows) >= 18
     assert str(out) in capsys.readouterr().out
-
-
-def test_aligned_name_tokens_differ_by_one_shared_offset(tiny_tokenizer):
-    import torch
-
-    from corag.data.toyworld import name_pool
-    from corag.tinymodel import build_tiny_model
-    from corag.warmstart import align_name_embeddings, name_token_pairs
-
-    model = build_tiny_model(tiny_tokenizer, hidden_size=64, num_layers=1, num_heads=1, intermediate_size=128)
-    words = name_pool()[:50]
-    bare, spaced = name_token_pairs(tiny_tokenizer, words)
-    assert len(bare) == 50 and not set(bare) & set(spaced)
-    weight = model.get_input_embeddings().weight
-    original = weight.detach().clone()
-    before = original[bare] - original[spaced]
-    assert align_name_embeddings(model, tiny_tokenizer, words) == 50
-    after = (weight[bare] - weight[spaced]).detach()
-    assert torch.allclose(after, before.mean(0).expand_as(after), atol=1e-6)
-    other = [i for i in range(weight.shape[0]) if i not in set(bare)]
-    assert torch.equal(weight[other].detach(), original[other])  # only the bare rows move
-    # Tied weights: the output layer sees the same alignment.
-    assert torch.equal(model.get_output_embeddings().weight[bare], weight[bare])
