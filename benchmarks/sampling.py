@@ -47,6 +47,21 @@ class TimedLM(WrappedLM):
         return out
 
 
+def same_chains(a: bytes, b: bytes) -> bool:
+    """The same chains for every question, scores equal to 1e-4. Bit-equality is only promised for
+    equal blocks: batches of other shapes change the last float bits of the scores."""
+
+    def key(line: bytes) -> tuple:
+        record = json.loads(line)
+        return record["query_id"], record["subqueries"], record["subanswers"], record["steps"]
+
+    rows_a, rows_b = a.splitlines(), b.splitlines()
+    return len(rows_a) == len(rows_b) and all(
+        key(x) == key(y) and abs(json.loads(x)["score"] - json.loads(y)["score"]) < 1e-4
+        for x, y in zip(rows_a, rows_b, strict=True)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--questions", type=int, default=32)
@@ -67,12 +82,12 @@ def main() -> None:
     config = SamplingConfig(num_chains=args.chains, max_length=3, seed=0)
 
     runs = {}
-    for label, max_active in (("batched", 256), ("one_at_a_time", 1)):
+    for label, block_size in (("batched", args.questions), ("one_at_a_time", 1)):
         lm.seconds = {"generate": 0.0, "score": 0.0}
         out = folder / f"{label}.jsonl"
         start = time.perf_counter()
         summary = run_sampling(
-            questions, corpus, lm, retriever, config, out, max_active=max_active, progress=False
+            questions, corpus, lm, retriever, config, out, block_size=block_size, progress=False
         )
         wall = time.perf_counter() - start
         runs[label] = {
@@ -89,7 +104,8 @@ def main() -> None:
     batched, single = runs["batched"], runs["one_at_a_time"]
     print(json.dumps({
         "speedup": round(single["wall"] / batched["wall"], 2),
-        "identical": batched["bytes"] == single["bytes"],
+        "identical": same_chains(batched["bytes"], single["bytes"]),
+        "byte_identical": batched["bytes"] == single["bytes"],
         "scoring_share": round(batched["seconds"]["score"] / batched["wall"], 3),
         "chains_per_s": round(len(questions) * args.chains / batched["wall"], 2),
         "chains_per_s_one_at_a_time": round(len(questions) * args.chains / single["wall"], 2),

@@ -85,7 +85,7 @@ class SampledChain:
     steps: tuple[Step, ...]
     score: float
     max_length: int
-    early_stop: str | None  # "answer_match", "likelihood" or None
+    early_stop: str | None  # "answer_match", "likelihood", "no_subquery" (an empty one) or None
 
 
 async def gold_logprob(
@@ -114,7 +114,7 @@ async def sample_one_chain(
 ) -> SampledChain:
     """Grow one chain to at most `max_length` steps, scoring it after every step.
 
-    An empty sub-query ends the chain (the model has nothing more to ask); an empty sub-answer is
+    An empty sub-query ends the chain ("no_subquery": the model has nothing more to ask); an empty sub-answer is
     recorded as "No relevant information found", what call B asks the model to say then.
     """
     steps: list[Step] = []
@@ -124,6 +124,7 @@ async def sample_one_chain(
         seed = call_seed(example.id, f"sample-{config.seed}-{index}", len(steps), 0)
         query = await next_subquery(ctx, example.query, steps, task_desc, config.temperature, seed)
         if not query:
+            early_stop = "no_subquery"
             break
         step = await subanswer(ctx, query, corpus, k=config.top_k)
         steps.append(step if step.subanswer else Step(step.subquery, NO_INFO, step.doc_ids))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     GenerationConfig,
@@ -43,11 +43,19 @@ def train_tokenizer(
 ) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on `texts` (exact round trip, no unknown tokens).
 
-    Each of `words` (runs of letters) becomes one token, alone and after a space, whatever the merges
-    learned; the toy world passes its name pool, so every name-word of every world is one token.
+    A space before a capital letter is its own token, so a name has the same tokens after a space
+    (inside a passage) and at the start of an answer (right after the assistant header): answering
+    is then a plain copy, not a lookup between two spellings that a tiny model must learn word by
+    word. Each of `words` (runs of letters) becomes one token whatever the merges learned; the toy
+    world passes its name pool, so every name-word of every world is one token.
     """
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(" (?=[A-Z])"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -68,7 +76,7 @@ def train_tokenizer(
 
 
 def _with_whole_words(tok: Tokenizer, words: Iterable[str]) -> Tokenizer:
-    """Add `words` (bare and space-prefixed) to the BPE vocabulary as whole tokens.
+    """Add `words` to the BPE vocabulary as whole tokens.
 
     With `ignore_merges`, a pre-tokenized word found in the vocabulary is emitted as one token before
     any merge is tried; every other word still goes through the learned merges.
@@ -78,13 +86,12 @@ def _with_whole_words(tok: Tokenizer, words: Iterable[str]) -> Tokenizer:
     vocab: dict[str, int] = data["model"]["vocab"]
     next_id = max([*vocab.values(), *(t["id"] for t in data["added_tokens"])]) + 1
     added = False
-    for word in words:
-        for form in (word, " " + word):
-            (piece, _), *rest = as_bytes.pre_tokenize_str(form)
-            if not rest and piece not in vocab:
-                vocab[piece] = next_id
-                next_id += 1
-                added = True
+    for word in words:  # a space before a capitalised word is split off, so the bare form suffices
+        (piece, _), *rest = as_bytes.pre_tokenize_str(word)
+        if not rest and piece not in vocab:
+            vocab[piece] = next_id
+            next_id += 1
+            added = True
     if not added:
         return tok
     data["model"]["ignore_merges"] = True

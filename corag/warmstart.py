@@ -43,7 +43,7 @@ class WarmStartConfig:
 
     reading_per_world: int = 400  # call B examples (single-hop facts, drawn without replacement)
     subquery_questions_per_world: int = 40  # multi-hop questions whose every step becomes a call A example
-    repeat_when_done: bool = True  # after the last gold step, call A repeats the last sub-query (see below)
+    repeat_when_done: bool = True  # after the last gold step, call A repeats its last sub-query
     final_per_world: int = 20  # call C examples (gold chains)
     reading_docs: tuple[int, ...] = (5,)  # passages shown per reading example, drawn uniformly from these
     final_docs: tuple[int, ...] = (0, 20)  # passages shown per final example, drawn uniformly from these

@@ -189,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         if too_long:
             logger.warning("dropping %d examples longer than max_length %d", too_long, sft_args.max_length)
             dataset = dataset.filter(lambda ex: len(ex["input_ids"]) <= sft_args.max_length)
+        if len(dataset) == 0:
+            raise training.InputError(
+                f"no example fits max_length {sft_args.max_length} (all {too_long} are longer)",
+                field="max_length",
+            )
     counts = {task: sum(e["task"] == task for e in examples) for task in training.TASKS}
     logger.info("examples: %s; processes: %d", counts, sft_args.world_size)
 

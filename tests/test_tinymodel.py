@@ -71,7 +71,8 @@ def test_world_text_tokenizes_compactly(tiny_tokenizer, toy_world):
     # Trained on the world, the tokenizer spends about one token per word on its passages.
     text = " ".join(p.contents for p in toy_world.passages)
     n_tokens = len(tiny_tokenizer(text, add_special_tokens=False)["input_ids"])
-    assert n_tokens < 1.5 * len(text.split())
+    # A space before a capitalised word is its own token (see train_tokenizer), hence above 1.5.
+    assert n_tokens < 2.0 * len(text.split())
 
 
 def test_every_name_word_of_any_world_is_one_token(tiny_tokenizer):
@@ -88,7 +89,7 @@ def test_whole_words_become_single_tokens_even_when_rare():
     words = ["Zorblat", "Quenvix"]
     tok = train_tokenizer(["the cat sat on the mat"] * 5, vocab_size=300, words=words)
     for word in words:
-        assert tok.tokenize(word) == [word] and len(tok.tokenize(" " + word)) == 1
+        assert tok.tokenize(word) == [word] and tok.tokenize(" " + word) == ["Ġ", word]
     text = "Zorblat met Quenvix, then Zorblatz left."
     assert tok.decode(tok(text)["input_ids"]) == text
     plain = train_tokenizer(["the cat sat on the mat"] * 5, vocab_size=300)
