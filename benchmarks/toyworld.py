@@ -7,7 +7,9 @@ steps, on the question's top documents alone (the single-step baseline), and eve
 evaluated on held-out questions (entities never seen in training questions). Prints EM on 3-hop
 questions and tokens per question by method, mean and spread over seeds; the last line is JSON.
 
-    python benchmarks/toyworld.py [--config configs/toy/study.yaml] [--seeds 0 1 2] [--out runs/toyworld]
+    python benchmarks/toyworld.py [--config STUDY.yaml] [--seeds 0 1 2] [--out runs/toyworld]
+
+Without --config the study runs at corag.toystudy.StudyConfig's defaults (the full size).
 """
 
 from __future__ import annotations
@@ -43,11 +45,11 @@ def spread(values: list[float]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/toy/study.yaml")
+    parser.add_argument("--config", default=None, help="YAML of StudyConfig fields (default: its defaults)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/toyworld")
     args = parser.parse_args()
-    base = StudyConfig(**load_yaml(args.config)) if Path(args.config).exists() else StudyConfig()
+    base = StudyConfig(**load_yaml(args.config)) if args.config else StudyConfig()
     start = time.perf_counter()
     per_seed = []
     warm = None

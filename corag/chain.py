@@ -1,4 +1,4 @@
-"""The step primitives of a retrieval chain (METHODS.md 1.1), each one model call or search on a Context.
+"""The step primitives of a retrieval chain (as in the CoRAG paper), each one model call or search on a Context.
 
 Strategies in corag/decoding compose these; every call is metered and budget-checked by the Context.
 Prompts come from corag.prompts with the LM as the truncator, so the documented truncation rules apply
@@ -50,7 +50,7 @@ def call_seed(question_id: str, chain: int | str, step: int, attempt: int) -> in
 def fit_context(lm: LM, messages: list[Message], room: int) -> list[Message]:
     """Keep a prompt plus `room` more tokens inside the model's context.
 
-    Prompts already follow METHODS.md's limits (4096 / 3072 tokens); a model with a shorter context
+    Prompts already follow the released prompts' limits (4096 / 3072 tokens); a model with a shorter context
     gets the last message middle-truncated further, by the same rule. Raises InputError when even
     that cannot fit (a context too small for the template and the new tokens).
     """

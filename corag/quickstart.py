@@ -1,4 +1,4 @@
-"""`corag quickstart`: the whole loop on the toy world, on a CPU, in about ten minutes.
+"""`corag quickstart`: the whole loop on the toy world, on a CPU, in a few minutes.
 
 It runs the toy-world study (corag/toystudy.py) at the size in configs/toy/quickstart.yaml: build a
 world, warm-start a tiny model, index the world with MiniLM, rejection-sample chains, fine-tune,

@@ -1,4 +1,4 @@
-"""Rejection sampling (METHODS.md 1.3): sample chains per training question, keep the one under which
+"""Rejection sampling (as in the CoRAG paper): sample chains per training question, keep the one under which
 the gold answer is most likely.
 
 For each question, `num_chains` chains are sampled, each with its own maximum length drawn from

@@ -1,4 +1,4 @@
-"""Three-task SFT examples built from retrieval chains (METHODS.md 1.4), ready for trl.
+"""Three-task SFT examples built from retrieval chains (as in the CoRAG paper), ready for trl.
 
 A chain record (the sampling stage's output, in the corag/multihopqa schema) yields:
 - next sub-query: call A with steps < i, target sub-query i;

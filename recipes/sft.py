@@ -1,4 +1,4 @@
-"""Three-task SFT of a chain-of-retrieval model (METHODS.md 1.4), top to bottom.
+"""Three-task SFT of a chain-of-retrieval model (as in the CoRAG paper), top to bottom.
 
     accelerate launch --config_file configs/accelerate/ddp.yaml recipes/sft.py \
         --config configs/sft/llama3.1-8b-full.yaml [--key value ...]

@@ -1,4 +1,4 @@
-"""The CoRAG prompts equal METHODS.md 1.1 byte for byte (expected strings written out by hand)."""
+"""The CoRAG prompts equal the released checkpoint's prompts byte for byte (expected strings written out by hand)."""
 
 from __future__ import annotations
 

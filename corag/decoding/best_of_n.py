@@ -1,4 +1,4 @@
-"""Best-of-N (METHODS.md 1.2): N chains, the first greedy, the rest sampled; keep the lowest penalty."""
+"""Best-of-N (as in the CoRAG paper): N chains, the first greedy, the rest sampled; keep the lowest penalty."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Greedy decoding (METHODS.md 1.2): L steps at temperature 0, then the final answer."""
+"""Greedy decoding (as in the CoRAG paper): L steps at temperature 0, then the final answer."""
 
 from __future__ import annotations
 

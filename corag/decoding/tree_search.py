@@ -1,4 +1,4 @@
-"""Tree search (METHODS.md 1.2): expand sampled sub-queries, score each by rollouts, keep the best."""
+"""Tree search (as in the CoRAG paper): expand sampled sub-queries, score each by rollouts, keep the best."""
 
 from __future__ import annotations
 
