@@ -79,7 +79,8 @@ def _generation(lm: LM, messages: list[Message], max_new_tokens: int, **kw: Any)
     return GenerationRequest(tuple(messages), max_new_tokens=max_new_tokens, **kw)
 
 
-def _scoring(lm: LM, messages: list[Message], target: str) -> ScoreRequest:
+def scoring_request(lm: LM, messages: list[Message], target: str) -> ScoreRequest:
+    """A score request for `target` after `messages`, the prompt cut to fit the context with it."""
     room = lm.count_score_tokens(ScoreRequest(tuple(messages), target)) - lm.count_prompt_tokens(messages)
     return ScoreRequest(tuple(fit_context(lm, messages, max(room, 0))), target)
 
@@ -152,7 +153,7 @@ async def penalty(ctx: Context, query: str, steps: Sequence[Step]) -> float:
 
     Lower is better: the chain makes "no information" less likely.
     """
-    request = _scoring(ctx.lm, penalty_messages(query, steps, tok=ctx.lm), PENALTY_TARGET)
+    request = scoring_request(ctx.lm, penalty_messages(query, steps, tok=ctx.lm), PENALTY_TARGET)
     return (await ctx.score(request)).mean
 
 
@@ -165,7 +166,8 @@ async def should_stop(ctx: Context, query: str, steps: Sequence[Step], task_desc
     """
     messages = stop_messages(query, steps, task_desc, tok=ctx.lm)
     yes, no = await ctx.gather(
-        ctx.score(_scoring(ctx.lm, messages, STOP_YES)), ctx.score(_scoring(ctx.lm, messages, STOP_NO))
+        ctx.score(scoring_request(ctx.lm, messages, STOP_YES)),
+        ctx.score(scoring_request(ctx.lm, messages, STOP_NO)),
     )
     return sum(yes.logprobs) + bias > sum(no.logprobs)
 

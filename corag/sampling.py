@@ -31,12 +31,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from corag.chain import CorpusLike, call_seed, fit_context, next_subquery, subanswer
+from corag.chain import CorpusLike, call_seed, next_subquery, scoring_request, subanswer
 from corag.config import parse_config
-from corag.data.jsonl import JsonlAppender, iter_jsonl, write_jsonl
+from corag.data.jsonl import JsonlAppender, iter_jsonl, read_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.executor import Context, Executor
-from corag.lm.base import ScoreRequest
 from corag.metrics import exact_match, max_over_golds
 from corag.prompts import FINAL_NUM_DOCS, NO_INFO, final_answer_messages, task_description
 from corag.types import Example, Passage, Step
@@ -95,11 +94,7 @@ async def gold_logprob(
     messages = final_answer_messages(
         example.query, steps, task_description(example.task), passages, tok=ctx.lm
     )
-    target = example.answers[0]
-    room = ctx.lm.count_score_tokens(ScoreRequest(tuple(messages), target)) - ctx.lm.count_prompt_tokens(
-        messages
-    )
-    request = ScoreRequest(tuple(fit_context(ctx.lm, messages, max(room, 0))), target)
+    request = scoring_request(ctx.lm, messages, example.answers[0])
     return (await ctx.score(request)).mean
 
 
@@ -348,18 +343,10 @@ def run_sampling(
             bar.set_postfix(chains_s=f"{chains / elapsed:.1f}", tok_s=f"{tokens / elapsed:.0f}")
             bar.update(len(block))
         bar.close()
-    records, _ = _read_records(out_path)
+    records = read_jsonl(out_path)
     summary = summarize(records)
     summary.update(resumed_from=len(done), sampled_now=todo, dropped_partial_lines=out.dropped)
     return summary
-
-
-def _read_records(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
-    records, lines = [], []
-    for line_no, record in iter_jsonl(path):
-        records.append(record)
-        lines.append(line_no)
-    return records, lines
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:

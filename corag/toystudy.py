@@ -264,7 +264,9 @@ def evaluate_all(
         label, _, rest = item.partition("=")
         model, _, spec = rest.partition("@")
         (run,) = parse_runs([spec])
-        lm = lms.setdefault(model, load_lm(models[model]))
+        if model not in lms:  # each model loaded once, however many runs use it
+            lms[model] = load_lm(models[model])
+        lm = lms[model]
         path = out / "eval" / label / "predictions.jsonl"
         extra = {"demonstrations": demos} if run.method in ("ircot", "one_step", "no_retrieval") else {}
         records = run_method(
