@@ -4,25 +4,31 @@ One warm-start model (trained from scratch on fresh worlds, the stand-in for an 
 shared by the seeds; for each seed a new target world is built, chains are rejection-sampled for its
 training questions, the warm model is fine-tuned on them (CoRAG) and, with the same questions and
 steps, on the question's top documents alone (the single-step baseline), and every method is
-evaluated on held-out questions (entities never seen in training questions). Prints EM on 3-hop
-questions and tokens per question by method, mean and spread over seeds; the last line is JSON.
+evaluated on held-out questions (entities never seen in training questions). The seeds run as
+parallel processes (`--jobs`, one thread each by default). Prints EM on 3-hop questions and tokens per
+question by method, mean and spread over seeds; the last line is JSON.
 
-    python benchmarks/toyworld.py [--config STUDY.yaml] [--seeds 0 1 2] [--out runs/toyworld]
+    python benchmarks/toyworld.py [--config STUDY.yaml] [--seeds 0 1 2] [--jobs 3] [--out runs/toyworld]
 
-Without --config the study runs at corag.toystudy.StudyConfig's defaults (the full size).
+Without --config the study runs at corag.toystudy.StudyConfig's defaults (the full size). A rerun
+resumes: finished stages are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from corag.config import load_yaml
-from corag.toystudy import StudyConfig, run_study
+from corag.scaling import pareto_frontier, plot_scaling
+from corag.toystudy import StudyConfig, warm_start
 
 METHODS = [
     "no_retrieval",
@@ -43,35 +49,79 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
+def run_seeds(args: argparse.Namespace, warm: Path) -> list[dict]:
+    """One `corag toystudy` process per seed, `args.jobs` at a time; their summaries in seed order."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+    pending, running = list(args.seeds), []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            seed = pending.pop(0)
+            out = Path(args.out) / f"seed{seed}"
+            command = [sys.executable, "-m", "corag.cli", "toystudy", "--seed", str(seed)]
+            command += ["--out_dir", str(out), "--warm_dir", str(warm)]
+            command += ["--config", args.config] if args.config else []
+            out.mkdir(parents=True, exist_ok=True)
+            log = (out / "study.log").open("a")
+            print(f"seed {seed}: {' '.join(command[1:])} (log: {out / 'study.log'})", flush=True)
+            running.append((seed, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)))
+        time.sleep(2)
+        for seed, proc in list(running):
+            if proc.poll() is not None:
+                running.remove((seed, proc))
+                if proc.returncode:
+                    raise SystemExit(f"seed {seed} failed (rc {proc.returncode}); see its study.log")
+                print(f"seed {seed}: done", flush=True)
+    return [json.loads((Path(args.out) / f"seed{s}" / "summary.json").read_text()) for s in args.seeds]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=None, help="YAML of StudyConfig fields (default: its defaults)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--jobs", type=int, default=3, help="seeds run at once")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per seed process")
     parser.add_argument("--out", default="runs/toyworld")
     args = parser.parse_args()
     base = StudyConfig(**load_yaml(args.config)) if args.config else StudyConfig()
     start = time.perf_counter()
-    per_seed = []
-    warm = None
-    for seed in args.seeds:
-        cfg = replace(base, seed=seed, out_dir=f"{args.out}/seed{seed}", warm_dir=warm)
-        summary = run_study(cfg)
-        warm = warm or str(Path(cfg.out_dir) / "models" / "warm")
-        per_seed.append(summary["results"])
-    em = {
-        m: spread([r[m]["em_by_hops"].get("3", 0.0) for r in per_seed]) for m in METHODS if m in per_seed[0]
-    }
-    tokens = {m: spread([r[m]["tokens_per_question"] for r in per_seed]) for m in METHODS if m in per_seed[0]}
-    for m in em:
-        print(
-            f"{m:16s} EM 3-hop {em[m]['mean']:5.1f} ± {em[m]['std']:4.1f}   tokens/q {tokens[m]['mean']:8.0f}"
-        )
+    warm = Path(args.out) / "warm"
+    if not (warm / "config.json").exists():
+        print("warm start (shared by the seeds) ...", flush=True)
+        warm_start(replace(base, seed=args.seeds[0]), warm)
+    warm_s = time.perf_counter() - start
+    per_seed = [summary["results"] for summary in run_seeds(args, warm)]
+    report(args, per_seed, time.perf_counter() - start, warm_s)
+
+
+def report(args: argparse.Namespace, per_seed: list[dict], wall_s: float, warm_s: float) -> None:
+    """Print the table (mean ± spread over seeds), write the mean scaling plot, print the JSON line."""
+    methods = [m for m in per_seed[0] if all(m in r for r in per_seed)]
+    hops = sorted({h for r in per_seed for m in methods for h in r[m]["em_by_hops"]}, key=int)
+    em = {m: {h: spread([r[m]["em_by_hops"].get(h, 0.0) for r in per_seed]) for h in hops} for m in methods}
+    em_all = {m: spread([r[m]["em"] for r in per_seed]) for m in methods}
+    tokens = {m: spread([r[m]["tokens_per_question"] for r in per_seed]) for m in methods}
+    print(f"{'method':20s} " + " ".join(f"{h}-hop EM".rjust(14) for h in hops) + "   all EM   tokens/q")
+    for m in methods:
+        cells = " ".join(f"{em[m][h]['mean']:6.1f} ± {em[m][h]['std']:4.1f}" for h in hops)
+        print(f"{m:20s} {cells}   {em_all[m]['mean']:6.1f} {tokens[m]['mean']:10.0f}")
+    names = list(methods)
+    x = [tokens[m]["mean"] for m in names]
+    y = [em_all[m]["mean"] for m in names]
+    frontier = [names[i] for i in pareto_frontier(x, y)]
+    plot_scaling(names, x, y, Path(args.out) / "scaling.png", ylabel=f"EM, mean of {len(per_seed)} seeds")
+    three = {m: em[m]["3"]["mean"] for m in METHODS if m in em and "3" in em[m]}
     print(json.dumps({
-        "em_3hop": {m: v["mean"] for m, v in em.items()},
-        "em_3hop_spread": em,
-        "tokens_per_question": {m: v["mean"] for m, v in tokens.items()},
+        "em_3hop": three,
+        "em_3hop_spread": {m: em[m]["3"] for m in three},
+        "em_by_hops": {m: {h: v["mean"] for h, v in em[m].items()} for m in methods},
+        "tokens_per_question": {m: tokens[m]["mean"] for m in METHODS if m in tokens},
+        "corag_greedy_minus_single_step_3hop": round(three.get("corag_greedy", 0) - three.get("single_step", 0), 2),
+        "search_at_least_greedy_3hop": max(three.get("corag_best_of_4", -1), three.get("corag_tree", -1))
+        >= three.get("corag_greedy", 0),
+        "pareto_frontier": frontier,
         "seeds": args.seeds,
-        "wall_s": round(time.perf_counter() - start, 1),
+        "wall_s": round(wall_s, 1),
+        "warm_start_s": round(warm_s, 1),
     }))  # fmt: skip
 
 

@@ -56,13 +56,18 @@ class StudyConfig:
         default=None, metadata={"help": "reuse this warm model instead of training one"}
     )
     warm_seed: int = 0
-    warm_worlds: int = 40
-    warm_reading_per_world: int = 400
-    warm_subquery_questions_per_world: int = 40
-    warm_final_per_world: int = 20
-    warm_sft_config: str = "configs/toy/warm.yaml"
+    warm_reading_steps: int = field(
+        default=2500, metadata={"help": "optimiser steps reading from one passage (the curriculum)"}
+    )
+    warm_mixed_steps: int = field(
+        default=4000, metadata={"help": "optimiser steps on all three calls, reading from 5 passages"}
+    )
+    warm_batch_tokens: int = 4608
+    warm_learning_rate: float = 2e-3
+    warm_processes: int = field(default=2, metadata={"help": "data-parallel CPU processes of the warm start"})
     model_hidden_size: int = 128
     model_layers: int = 2
+    model_heads: int = 4
     # Retrieval.
     retriever: str = field(default="minilm", metadata={"help": "minilm (dense) or bm25"})
     # Rejection sampling.
@@ -102,16 +107,54 @@ def train(config_file: str, model: Path, out: Path, data: dict[str, str], extra:
     subprocess.run(args, check=True)
 
 
+def warm_start(cfg: StudyConfig, warm: Path) -> None:
+    """Train the warm model from scratch on fresh worlds and save it (with its log) to `warm`."""
+    from transformers import AutoModelForCausalLM
+
+    from corag.data.toyworld import name_pool, tokenizer_texts
+    from corag.tinymodel import build_tiny_model, save_tiny, train_tokenizer
+    from corag.warmstart import (
+        WarmStartConfig,
+        WarmTrainConfig,
+        heldout_accuracy,
+        train_warm_start,
+        train_warm_start_parallel,
+    )
+
+    tokenizer = train_tokenizer(tokenizer_texts(None), words=name_pool())
+    model = build_tiny_model(
+        tokenizer, hidden_size=cfg.model_hidden_size, num_layers=cfg.model_layers, num_heads=cfg.model_heads
+    )
+    schedule = WarmTrainConfig(
+        reading_steps=cfg.warm_reading_steps,
+        mixed_steps=cfg.warm_mixed_steps,
+        batch_tokens=cfg.warm_batch_tokens,
+        learning_rate=cfg.warm_learning_rate,
+        seed=cfg.warm_seed,
+    )
+    partial = warm.with_name(warm.name + ".partial")
+    if cfg.warm_processes > 1:
+        base = save_tiny(warm.with_name(warm.name + ".base"), model, tokenizer)
+        train_warm_start_parallel(base, partial, schedule, exclude={cfg.seed}, processes=cfg.warm_processes)
+        model = AutoModelForCausalLM.from_pretrained(partial)
+        log = json.loads((partial / "warm_start.json").read_text())
+    else:
+        log = train_warm_start(model, tokenizer, schedule, exclude={cfg.seed})
+        save_tiny(partial, model, tokenizer)
+    log["heldout_accuracy"] = heldout_accuracy(model, tokenizer, WarmStartConfig(), cfg.warm_seed)
+    print(f"[warm-start] held-out accuracy (teacher-forced): {log['heldout_accuracy']}")
+    (partial / "warm_start.json").write_text(json.dumps(log, indent=2))
+    partial.rename(warm)  # whole or absent
+
+
 def run_study(cfg: StudyConfig) -> dict[str, Any]:
     """Run (or resume) every stage; return the summary that is also written to summary.json."""
     from corag.data.corpus import Corpus
     from corag.data.jsonl import write_jsonl
-    from corag.data.toyworld import generate_world, name_pool, tokenizer_texts
+    from corag.data.toyworld import generate_world
     from corag.lm import load_lm
     from corag.retrieval import load_retriever
     from corag.sampling import SamplingConfig, run_sampling
-    from corag.tinymodel import build_tiny_model, save_tiny, train_tokenizer
-    from corag.warmstart import WarmStartConfig, iter_examples
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,22 +169,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     _stage("world", out / "world" / "test.jsonl", timings, lambda: world.write(out / "world"))
 
     warm = Path(cfg.warm_dir) if cfg.warm_dir else out / "models" / "warm"
-
-    def warm_start() -> None:
-        base = out / "models" / "base"
-        tokenizer = train_tokenizer(tokenizer_texts(None), words=name_pool())
-        model = build_tiny_model(tokenizer, hidden_size=cfg.model_hidden_size, num_layers=cfg.model_layers)
-        save_tiny(base, model, tokenizer)
-        examples = out / "warm_examples.jsonl"
-        ws = WarmStartConfig(
-            reading_per_world=cfg.warm_reading_per_world,
-            subquery_questions_per_world=cfg.warm_subquery_questions_per_world,
-            final_per_world=cfg.warm_final_per_world,
-        )
-        write_jsonl(examples, iter_examples(cfg.warm_seed, cfg.warm_worlds, ws, exclude={cfg.seed}))
-        train(cfg.warm_sft_config, base, warm, {"examples": str(examples)})
-
-    _stage("warm-start", warm / "config.json", timings, warm_start)
+    _stage("warm-start", warm / "config.json", timings, lambda: warm_start(cfg, warm))
 
     index = out / "index"
 

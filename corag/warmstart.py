@@ -20,9 +20,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
+import json
+import math
 import random
+import tempfile
+from collections import deque
 from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -44,25 +50,28 @@ class WarmStartConfig:
     reading_per_world: int = 400  # call B examples (single-hop facts, drawn without replacement)
     subquery_questions_per_world: int = 40  # multi-hop questions whose every step becomes a call A example
     repeat_when_done: bool = True  # after the last gold step, call A repeats its last sub-query
-    final_per_world: int = 20  # call C examples (gold chains)
+    final_per_world: int = 60  # call C examples (gold chains)
     reading_docs: tuple[int, ...] = (5,)  # passages shown per reading example, drawn uniformly from these
-    final_docs: tuple[int, ...] = (0, 20)  # passages shown per final example, drawn uniformly from these
+    final_docs: tuple[int, ...] = (0, 20)  # passages shown in a world's final examples, drawn per world
     num_entities: int = 300
     num_distractors: int = 60
     hops: tuple[int, ...] = (2, 3, 4)
 
 
-def fresh_seeds(seed: int, count: int, exclude: Collection[int] = ()) -> list[int]:
-    """`count` distinct world seeds fixed by `seed`, none in `exclude` (the target worlds' seeds)."""
-    seeds: list[int] = []
-    index = 0
-    while len(seeds) < count:
+def iter_fresh_seeds(seed: int, exclude: Collection[int] = ()) -> Iterator[int]:
+    """Distinct world seeds fixed by `seed`, none in `exclude` (the target worlds' seeds), without end."""
+    seen: set[int] = set()
+    for index in itertools.count():
         digest = hashlib.blake2b(f"warmstart|{seed}|{index}".encode(), digest_size=8).digest()
         candidate = FRESH_SEED_MIN + int.from_bytes(digest, "big") % (2**31 - FRESH_SEED_MIN)
-        index += 1
-        if candidate not in exclude and candidate not in seeds:
-            seeds.append(candidate)
-    return seeds
+        if candidate not in exclude and candidate not in seen:
+            seen.add(candidate)
+            yield candidate
+
+
+def fresh_seeds(seed: int, count: int, exclude: Collection[int] = ()) -> list[int]:
+    """The first `count` of `iter_fresh_seeds`."""
+    return list(itertools.islice(iter_fresh_seeds(seed, exclude), count))
 
 
 def fresh_world(world_seed: int, config: WarmStartConfig) -> ToyWorld:
@@ -176,7 +185,8 @@ def world_examples(world_seed: int, config: WarmStartConfig) -> list[dict[str, A
     retriever = BM25Retriever.from_passages(world.passages)
     out = reading_examples(world, retriever, rng, config.reading_per_world, config.reading_docs)
     out += subquery_examples(world, rng, config.subquery_questions_per_world, config.repeat_when_done)
-    out += final_examples(world, retriever, rng, config.final_per_world, config.final_docs)
+    # One size per world, so a batch of final examples is not padded from 200 to 1000 tokens.
+    out += final_examples(world, retriever, rng, config.final_per_world, (rng.choice(config.final_docs),))
     rng.shuffle(out)
     return out
 
@@ -217,3 +227,243 @@ def main(argv: list[str] | None = None) -> int:
     counts = {task: sum(e["task"] == task for e in examples) for task in ("subanswer", "subquery", "final")}
     print(f"wrote {len(examples)} warm-start examples {counts} to {out}")
     return 0
+
+
+# ------------------------------------------------------------------------------------------ training
+
+
+@dataclass(frozen=True)
+class WarmPhase:
+    """One stage of the warm start: `steps` optimiser steps on a mixture of the three calls."""
+
+    steps: int
+    batch_tokens: int  # padded tokens per batch
+    reading_docs: tuple[int, ...]  # passages shown per reading example
+    weights: tuple[tuple[str, float], ...]  # (task, share of batches)
+
+
+@dataclass(frozen=True)
+class WarmTrainConfig:
+    """The warm start's training: a reading curriculum (one passage), then all three calls.
+
+    Reading from one passage first is what gets a model trained from scratch over the plateau where it
+    picks a name of the right kind without copying it (see README, "The toy world").
+    """
+
+    reading_steps: int = 2500
+    mixed_steps: int = 4000
+    mixture: tuple[tuple[str, float], ...] = (("subanswer", 0.6), ("subquery", 0.3), ("final", 0.1))
+    reading_batch_tokens: int = 2304  # padded tokens per batch of the curriculum: ~16 prompts
+    batch_tokens: int = 4608  # padded tokens per batch of the mixed phase: ~16 five-passage prompts
+    learning_rate: float = 2e-3
+    warmup_steps: int = 50
+    seed: int = 0
+
+    def phases(self) -> list[WarmPhase]:
+        return [
+            WarmPhase(self.reading_steps, self.reading_batch_tokens, (1,), (("subanswer", 1.0),)),
+            WarmPhase(self.mixed_steps, self.batch_tokens, (5,), self.mixture),
+        ]
+
+
+class ExampleStream:
+    """Tokenized warm-start examples by task, drawn from fresh worlds as they are needed."""
+
+    def __init__(
+        self, tokenizer: Any, world_seeds: Iterator[int], config: WarmStartConfig, max_queue: int = 2048
+    ) -> None:
+        self.tokenizer, self.world_seeds, self.config = tokenizer, world_seeds, config
+        self.max_queue = max_queue  # a task drawn rarely does not pile up examples of the others
+        self.queues: dict[str, deque[tuple[list[int], list[int]]]] = {}
+
+    def _next(self, task: str) -> tuple[list[int], list[int]]:
+        """The next example of `task` (left in the queue)."""
+        from corag.training import tokenize_example
+
+        while not self.queues.get(task):
+            for ex in world_examples(next(self.world_seeds), self.config):
+                queue = self.queues.setdefault(ex["task"], deque())
+                if len(queue) < self.max_queue:
+                    encoded = tokenize_example(self.tokenizer, ex["prompt"], ex["completion"])
+                    queue.append((encoded["input_ids"], encoded["labels"]))
+        return self.queues[task][0]
+
+    def take(self, task: str, n: int) -> list[tuple[list[int], list[int]]]:
+        """The next `n` examples of `task`."""
+        out = []
+        for _ in range(n):
+            out.append(self._next(task))
+            self.queues[task].popleft()
+        return out
+
+    def take_tokens(self, task: str, budget: int) -> list[tuple[list[int], list[int]]]:
+        """The next examples of `task` whose padded batch fits `budget` tokens (at least one)."""
+        batch = self.take(task, 1)
+        width = len(batch[0][0])
+        while (len(batch) + 1) * max(width, len(self._next(task)[0])) <= budget:
+            batch += self.take(task, 1)
+            width = max(width, len(batch[-1][0]))
+        return batch
+
+
+def completion_loss(model: Any, batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> Any:
+    """Mean cross-entropy over labelled tokens, with the output layer applied only where a label is
+    (prompts are most of every sequence, so this is about half the cost of full logits)."""
+    import torch
+    import torch.nn.functional as F
+
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.tensor([x + [pad_id] * (width - len(x)) for x, _ in batch])
+    labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
+    mask = (torch.arange(width)[None] < torch.tensor([len(x) for x, _ in batch])[:, None]).long()
+    hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
+    targets = labels[:, 1:]
+    keep = targets != -100
+    logits = model.get_output_embeddings()(hidden[keep])
+    return F.cross_entropy(logits.float(), targets[keep])
+
+
+def learning_rate(step: int, steps: int, config: WarmTrainConfig) -> float:
+    """Linear warm-up, then cosine decay to a tenth (restarted in each phase)."""
+    warm = min(1.0, (step + 1) / config.warmup_steps)
+    return config.learning_rate * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * step / max(1, steps))))
+
+
+def train_warm_start(
+    model: Any,
+    tokenizer: Any,
+    config: WarmTrainConfig = WarmTrainConfig(),
+    worlds: WarmStartConfig = WarmStartConfig(),
+    exclude: Collection[int] = (),
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[str, Any]:
+    """Train `model` in place on fresh worlds, phase after phase; returns the loss log.
+
+    A plain PyTorch loop rather than the SFT recipe: the warm start plays pretraining, and examples
+    are generated as it goes (never repeated, so nothing can be memorised). With `world_size` > 1 this
+    is one rank of a data-parallel run (see `train_warm_start_parallel`): every rank trains the same
+    task at each step on its own worlds and a share of the batch, and gradients are averaged.
+    """
+    import torch
+
+    torch.manual_seed(config.seed)
+    rng = random.Random(f"warm-train|{config.seed}")  # the same task sequence on every rank
+    seeds = itertools.islice(iter_fresh_seeds(config.seed, exclude), rank, None, world_size)
+    optimiser = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, betas=(0.9, 0.98), weight_decay=0.0
+    )
+    log: dict[str, Any] = {"phases": []}
+    model.train()
+    for number, phase in enumerate(config.phases(), 1):
+        stream = ExampleStream(tokenizer, seeds, replace(worlds, reading_docs=phase.reading_docs))
+        tasks, weights = zip(*phase.weights, strict=True)
+        recent: dict[str, list[float]] = {t: [] for t in tasks}
+        desc = f"warm start {number}/{len(config.phases())}"
+        bar = tqdm(range(phase.steps), desc=desc, mininterval=5, disable=rank > 0)
+        for step in bar:
+            task = rng.choices(tasks, weights)[0]
+            batch = stream.take_tokens(task, phase.batch_tokens // world_size)
+            for group in optimiser.param_groups:
+                group["lr"] = learning_rate(step, phase.steps, config)
+            loss = completion_loss(model, batch, tokenizer.pad_token_id)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            if world_size > 1:
+                _average_gradients(model, world_size)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimiser.step()
+            recent[task] = (recent[task] + [loss.item()])[-50:]
+            if step % 50 == 0:
+                bar.set_postfix({t: f"{sum(v) / len(v):.2f}" for t, v in recent.items() if v})
+        log["phases"].append({
+            "steps": phase.steps,
+            "reading_docs": list(phase.reading_docs),
+            "final_loss": {t: round(sum(v) / len(v), 4) for t, v in recent.items() if v},
+        })  # fmt: skip
+    model.eval()
+    return log
+
+
+def _average_gradients(model: Any, world_size: int) -> None:
+    import torch.distributed as dist
+
+    for param in model.parameters():
+        if param.grad is not None:
+            dist.all_reduce(param.grad)
+            param.grad /= world_size
+
+
+def _parallel_worker(
+    rank: int,
+    world_size: int,
+    rendezvous: str,
+    base: str,
+    out: str,
+    config: WarmTrainConfig,
+    worlds: WarmStartConfig,
+    exclude: Collection[int],
+) -> None:
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from corag.tinymodel import save_tiny
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world_size)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base)
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        log = train_warm_start(model, tokenizer, config, worlds, exclude, rank, world_size)
+        checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+        gathered = [torch.zeros_like(checksum) for _ in range(world_size)]
+        dist.all_gather(gathered, checksum)
+        if len({g.item() for g in gathered}) != 1:
+            raise RuntimeError(f"data-parallel ranks diverged: weight checksums {gathered}")
+        if rank == 0:
+            save_tiny(out, model, tokenizer)
+            Path(out, "warm_start.json").write_text(json.dumps(log, indent=2))
+    finally:
+        dist.destroy_process_group()
+
+
+def train_warm_start_parallel(
+    base: str | Path,
+    out: str | Path,
+    config: WarmTrainConfig,
+    worlds: WarmStartConfig = WarmStartConfig(),
+    exclude: Collection[int] = (),
+    processes: int = 2,
+) -> None:
+    """`train_warm_start` on `processes` CPU processes (one thread each, gradients averaged over gloo):
+    the model saved in `base` is trained and saved to `out`, its log in `out`/warm_start.json."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = (processes, f"{tmp}/rendezvous", str(base), str(out), config, worlds, tuple(exclude))
+        # fork: the workers need nothing from the caller's __main__ (scripts without a main guard work)
+        mp.start_processes(_parallel_worker, args=args, nprocs=processes, start_method="fork")
+
+
+def heldout_accuracy(
+    model: Any, tokenizer: Any, worlds: WarmStartConfig, seed: int, per_task: int = 100
+) -> dict[str, float]:
+    """Teacher-forced exact match by task on a fresh world never trained on: the share of examples
+    whose every target token (and end of turn) is the model's top choice."""
+    import torch
+
+    stream = ExampleStream(tokenizer, iter_fresh_seeds(seed + 7_919_000), worlds)
+    out = {}
+    with torch.inference_mode():
+        for task in ("subanswer", "subquery", "final"):
+            batch = stream.take(task, per_task)
+            correct = 0
+            for ids, labels in batch:
+                hidden = model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0, :-1]
+                targets = torch.tensor(labels[1:])
+                keep = targets != -100
+                top = model.get_output_embeddings()(hidden[keep]).argmax(-1)
+                correct += bool((top == targets[keep]).all())
+            out[task] = round(correct / len(batch), 3)
+    return out

@@ -148,8 +148,25 @@ def build_examples(
     return examples
 
 
+def score_only_labelled_positions() -> None:
+    """Have trl's fused LM head score only the labelled positions on CPU too, as it does on GPU.
+
+    Off Triton devices trl projects every position through the LM head (to keep shapes fixed for
+    compilers), and with prompts of ~1000 tokens and answers of ~5 that is most of a CPU step's work.
+    The loss and gradients are the same (tests/recipes/test_sft.py). A trl without the hook is left alone.
+    """
+    import trl.trainer.utils as trl_utils
+
+    original = getattr(trl_utils, "_use_triton", None)
+    if original is not None and not getattr(original, "corag_cpu", False):
+        patched = lambda device: device.type == "cpu" or original(device)  # noqa: E731
+        patched.corag_cpu = True
+        trl_utils._use_triton = patched
+
+
 def main(argv: list[str] | None = None) -> int:
     data_args, sft_args, model_args = parse_args(argv)
+    score_only_labelled_positions()
     logging.basicConfig(level=logging.INFO if sft_args.process_index == 0 else logging.WARNING)
     set_seed(sft_args.seed)
 

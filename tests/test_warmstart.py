@@ -7,18 +7,26 @@ import random
 import re
 
 import pytest
+import torch
 
 from corag import prompts
 from corag.data.toyworld import generate_world
 from corag.retrieval.bm25 import BM25Retriever
 from corag.warmstart import (
+    ExampleStream,
     WarmStartConfig,
+    WarmTrainConfig,
+    completion_loss,
     final_examples,
     fresh_seeds,
+    heldout_accuracy,
     iter_examples,
+    iter_fresh_seeds,
     main,
     reading_examples,
     subquery_examples,
+    train_warm_start,
+    train_warm_start_parallel,
     world_examples,
 )
 
@@ -166,3 +174,96 @@ def test_main_writes_jsonl(tmp_path, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sum(r["task"] == "subanswer" for r in rows) >= 18
     assert str(out) in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------- training
+
+SMALL_WORLDS = WarmStartConfig(
+    reading_per_world=40,
+    subquery_questions_per_world=4,
+    final_per_world=4,
+    num_entities=60,
+    num_distractors=15,
+)
+
+
+def test_completion_loss_equals_the_models_own_loss_over_full_logits(tiny_model_dir, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    stream = ExampleStream(tiny_tokenizer, iter_fresh_seeds(5), SMALL_WORLDS)
+    batch = stream.take("subanswer", 3) + stream.take("subquery", 2)
+    assert len({len(ids) for ids, _ in batch}) > 1  # padding is exercised
+    ours = completion_loss(model, batch, tiny_tokenizer.pad_token_id)
+    width = max(len(ids) for ids, _ in batch)
+    pad = tiny_tokenizer.pad_token_id
+    ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in batch])
+    labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
+    mask = (ids != pad).long()
+    reference = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    assert ours.item() == pytest.approx(reference.item(), rel=1e-5)
+
+
+def test_stream_labels_only_the_target_and_draws_each_task_from_fresh_worlds(tiny_tokenizer):
+    stream = ExampleStream(tiny_tokenizer, iter_fresh_seeds(6, exclude={0}), SMALL_WORLDS)
+    for task in ("subanswer", "subquery", "final"):
+        for ids, labels in stream.take(task, 5):
+            target = [t for t in labels if t != -100]
+            assert target[-1] == tiny_tokenizer.convert_tokens_to_ids("<|end|>")
+            assert ids[-len(target) :] == target
+    for budget in (100, 900, 2000):  # a batch fits its padded budget, or is one example
+        batch = stream.take_tokens("subanswer", budget)
+        assert len(batch) == 1 or len(batch) * max(len(ids) for ids, _ in batch) <= budget
+        assert (len(batch) > 1) == (budget > 600)
+    again = ExampleStream(tiny_tokenizer, iter_fresh_seeds(6, exclude={0}), SMALL_WORLDS)
+    assert again.take("subanswer", 5) == ExampleStream(
+        tiny_tokenizer, iter_fresh_seeds(6, exclude={0}), SMALL_WORLDS
+    ).take("subanswer", 5)
+
+
+def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    schedule = WarmTrainConfig(
+        reading_steps=12, mixed_steps=6, reading_batch_tokens=600, batch_tokens=1200, warmup_steps=2, seed=1
+    )
+    runs = []
+    for _ in range(2):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        stream = ExampleStream(tiny_tokenizer, iter_fresh_seeds(99), SMALL_WORLDS)
+        probe = stream.take("subanswer", 8)
+        before = completion_loss(model, probe, tiny_tokenizer.pad_token_id).item()
+        log = train_warm_start(model, tiny_tokenizer, schedule, SMALL_WORLDS)
+        after = completion_loss(model, probe, tiny_tokenizer.pad_token_id).item()
+        runs.append((before, after, log, model.state_dict()))
+    (before, after, log, weights), (_, after2, log2, weights2) = runs
+    assert after < before - 0.5  # a random model's loss on unseen worlds falls
+    assert [p["steps"] for p in log["phases"]] == [12, 6]
+    assert log["phases"][0]["reading_docs"] == [1] and log["phases"][1]["reading_docs"] == [5]
+    assert set(log["phases"][1]["final_loss"]) <= {"subanswer", "subquery", "final"}
+    assert after2 == after and log2 == log
+    assert all(torch.equal(weights[k], weights2[k]) for k in weights)
+    accuracy = heldout_accuracy(model, tiny_tokenizer, SMALL_WORLDS, seed=3, per_task=5)
+    assert set(accuracy) == {"subanswer", "subquery", "final"}
+    assert all(0.0 <= v <= 1.0 for v in accuracy.values())
+
+
+def test_data_parallel_warm_start_trains_two_processes_in_step(tiny_model_dir, tiny_tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    schedule = WarmTrainConfig(
+        reading_steps=10, mixed_steps=4, reading_batch_tokens=600, batch_tokens=1200, seed=2
+    )
+    out = tmp_path / "warm"
+    train_warm_start_parallel(tiny_model_dir, out, schedule, SMALL_WORLDS, processes=2)
+    trained = AutoModelForCausalLM.from_pretrained(out)
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    probe = ExampleStream(tiny_tokenizer, iter_fresh_seeds(77), SMALL_WORLDS).take("subanswer", 8)
+    pad = tiny_tokenizer.pad_token_id
+    assert completion_loss(trained, probe, pad).item() < completion_loss(before, probe, pad).item() - 0.5
+    log = json.loads((out / "warm_start.json").read_text())
+    assert [p["steps"] for p in log["phases"]] == [10, 4]
+    # The ranks saw different worlds: a one-process run on rank 0's worlds alone ends elsewhere.
+    alone = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    train_warm_start(alone, tiny_tokenizer, schedule, SMALL_WORLDS)
+    assert not torch.equal(alone.lm_head.weight, trained.lm_head.weight)

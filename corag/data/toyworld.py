@@ -398,7 +398,8 @@ def tokenizer_texts(world: ToyWorld | None = None, num_prompts: int = 8) -> Iter
     """Text for a tokenizer that covers every toy world and the prompts of the CoRAG calls.
 
     The whole name pool and every phrasing come first (so names of any world are known), then the
-    world's own text, then a few rendered prompts (so template words tokenize compactly).
+    world's own text, then a few rendered prompts (so template words tokenize compactly). Without a
+    world, a small fixed one fills the prompts.
     """
     from corag import prompts  # the prompts know nothing of the toy world; keep the import local
 
@@ -407,7 +408,9 @@ def tokenizer_texts(world: ToyWorld | None = None, num_prompts: int = 8) -> Iter
     yield "\n".join(pool)
     yield from phrasing_texts()
     if world is None:
-        return
+        world = generate_world(
+            seed=0, num_entities=60, num_distractors=15, train_per_hop=num_prompts, test_per_hop=1
+        )
     yield from world.texts()
     by_id = {p.id: p for p in world.passages}
     for ex in world.train[:num_prompts]:

@@ -228,3 +228,30 @@ def test_examples_are_reused_only_with_the_same_data_settings(tmp_path, toy_run)
     data.ratio = 0.5
     with pytest.raises(InputError, match="other data settings"):
         recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], out)
+
+
+def test_scoring_only_labelled_positions_keeps_loss_and_gradients(tiny_model_dir, monkeypatch):
+    import trl.trainer.utils as trl_utils
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    monkeypatch.setattr(trl_utils, "_use_triton", trl_utils._use_triton)  # restored after the test
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    add_fused_lm_head(model)
+    ids = torch.randint(5, 200, (2, 40))
+    labels = torch.full_like(ids, -100)
+    labels[0, 30:35], labels[1, 10:12] = ids[0, 30:35], ids[1, 10:12]
+
+    def loss_and_grad() -> tuple[float, torch.Tensor]:
+        model.zero_grad()
+        loss = model(input_ids=ids, labels=labels, fused_lm_head=True).loss
+        loss.backward()
+        return loss.item(), model.get_input_embeddings().weight.grad.clone()
+
+    assert not trl_utils._use_triton(torch.device("cpu"))
+    full_loss, full_grad = loss_and_grad()
+    load_recipe().score_only_labelled_positions()
+    assert trl_utils._use_triton(torch.device("cpu"))
+    loss, grad = loss_and_grad()
+    assert loss == pytest.approx(full_loss, rel=1e-6)
+    assert torch.allclose(grad, full_grad, atol=1e-6)
