@@ -57,14 +57,13 @@ class StudyConfig:
     )
     warm_seed: int = 0
     warm_reading_steps: int = field(
-        default=2500, metadata={"help": "optimiser steps reading from one passage (the curriculum)"}
+        default=3000, metadata={"help": "optimiser steps reading from one passage (the curriculum)"}
     )
     warm_mixed_steps: int = field(
-        default=4000, metadata={"help": "optimiser steps on all three calls, reading from 5 passages"}
+        default=5000, metadata={"help": "optimiser steps on all three calls, reading from 5 passages"}
     )
     warm_batch_tokens: int = 4608
     warm_learning_rate: float = 2e-3
-    warm_processes: int = field(default=2, metadata={"help": "data-parallel CPU processes of the warm start"})
     model_hidden_size: int = 128
     model_layers: int = 2
     model_heads: int = 4
@@ -109,17 +108,9 @@ def train(config_file: str, model: Path, out: Path, data: dict[str, str], extra:
 
 def warm_start(cfg: StudyConfig, warm: Path) -> None:
     """Train the warm model from scratch on fresh worlds and save it (with its log) to `warm`."""
-    from transformers import AutoModelForCausalLM
-
     from corag.data.toyworld import name_pool, tokenizer_texts
     from corag.tinymodel import build_tiny_model, save_tiny, train_tokenizer
-    from corag.warmstart import (
-        WarmStartConfig,
-        WarmTrainConfig,
-        heldout_accuracy,
-        train_warm_start,
-        train_warm_start_parallel,
-    )
+    from corag.warmstart import WarmStartConfig, WarmTrainConfig, heldout_accuracy, train_warm_start
 
     tokenizer = train_tokenizer(tokenizer_texts(None), words=name_pool())
     model = build_tiny_model(
@@ -132,17 +123,11 @@ def warm_start(cfg: StudyConfig, warm: Path) -> None:
         learning_rate=cfg.warm_learning_rate,
         seed=cfg.warm_seed,
     )
-    partial = warm.with_name(warm.name + ".partial")
-    if cfg.warm_processes > 1:
-        base = save_tiny(warm.with_name(warm.name + ".base"), model, tokenizer)
-        train_warm_start_parallel(base, partial, schedule, exclude={cfg.seed}, processes=cfg.warm_processes)
-        model = AutoModelForCausalLM.from_pretrained(partial)
-        log = json.loads((partial / "warm_start.json").read_text())
-    else:
-        log = train_warm_start(model, tokenizer, schedule, exclude={cfg.seed})
-        save_tiny(partial, model, tokenizer)
+    log = train_warm_start(model, tokenizer, schedule, exclude={cfg.seed})
     log["heldout_accuracy"] = heldout_accuracy(model, tokenizer, WarmStartConfig(), cfg.warm_seed)
     print(f"[warm-start] held-out accuracy (teacher-forced): {log['heldout_accuracy']}")
+    partial = warm.with_name(warm.name + ".partial")
+    save_tiny(partial, model, tokenizer)
     (partial / "warm_start.json").write_text(json.dumps(log, indent=2))
     partial.rename(warm)  # whole or absent
 

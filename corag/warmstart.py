@@ -21,14 +21,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
-import json
 import math
 import random
-import tempfile
 from collections import deque
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -250,9 +247,9 @@ class WarmTrainConfig:
     picks a name of the right kind without copying it (see README, "The toy world").
     """
 
-    reading_steps: int = 2500
-    mixed_steps: int = 4000
-    mixture: tuple[tuple[str, float], ...] = (("subanswer", 0.6), ("subquery", 0.3), ("final", 0.1))
+    reading_steps: int = 3000
+    mixed_steps: int = 5000
+    mixture: tuple[tuple[str, float], ...] = (("subanswer", 0.5), ("subquery", 0.3), ("final", 0.2))
     reading_batch_tokens: int = 2304  # padded tokens per batch of the curriculum: ~16 prompts
     batch_tokens: int = 4608  # padded tokens per batch of the mixed phase: ~16 five-passage prompts
     learning_rate: float = 2e-3
@@ -335,21 +332,17 @@ def train_warm_start(
     config: WarmTrainConfig = WarmTrainConfig(),
     worlds: WarmStartConfig = WarmStartConfig(),
     exclude: Collection[int] = (),
-    rank: int = 0,
-    world_size: int = 1,
 ) -> dict[str, Any]:
     """Train `model` in place on fresh worlds, phase after phase; returns the loss log.
 
     A plain PyTorch loop rather than the SFT recipe: the warm start plays pretraining, and examples
-    are generated as it goes (never repeated, so nothing can be memorised). With `world_size` > 1 this
-    is one rank of a data-parallel run (see `train_warm_start_parallel`): every rank trains the same
-    task at each step on its own worlds and a share of the batch, and gradients are averaged.
+    are generated as it goes (never repeated, so nothing can be memorised).
     """
     import torch
 
     torch.manual_seed(config.seed)
-    rng = random.Random(f"warm-train|{config.seed}")  # the same task sequence on every rank
-    seeds = itertools.islice(iter_fresh_seeds(config.seed, exclude), rank, None, world_size)
+    rng = random.Random(f"warm-train|{config.seed}")
+    seeds = iter_fresh_seeds(config.seed, exclude)
     optimiser = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, betas=(0.9, 0.98), weight_decay=0.0
     )
@@ -360,17 +353,15 @@ def train_warm_start(
         tasks, weights = zip(*phase.weights, strict=True)
         recent: dict[str, list[float]] = {t: [] for t in tasks}
         desc = f"warm start {number}/{len(config.phases())}"
-        bar = tqdm(range(phase.steps), desc=desc, mininterval=5, disable=rank > 0)
+        bar = tqdm(range(phase.steps), desc=desc, mininterval=5)
         for step in bar:
             task = rng.choices(tasks, weights)[0]
-            batch = stream.take_tokens(task, phase.batch_tokens // world_size)
+            batch = stream.take_tokens(task, phase.batch_tokens)
             for group in optimiser.param_groups:
                 group["lr"] = learning_rate(step, phase.steps, config)
             loss = completion_loss(model, batch, tokenizer.pad_token_id)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
-            if world_size > 1:
-                _average_gradients(model, world_size)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimiser.step()
             recent[task] = (recent[task] + [loss.item()])[-50:]
@@ -383,67 +374,6 @@ def train_warm_start(
         })  # fmt: skip
     model.eval()
     return log
-
-
-def _average_gradients(model: Any, world_size: int) -> None:
-    import torch.distributed as dist
-
-    for param in model.parameters():
-        if param.grad is not None:
-            dist.all_reduce(param.grad)
-            param.grad /= world_size
-
-
-def _parallel_worker(
-    rank: int,
-    world_size: int,
-    rendezvous: str,
-    base: str,
-    out: str,
-    config: WarmTrainConfig,
-    worlds: WarmStartConfig,
-    exclude: Collection[int],
-) -> None:
-    import torch
-    import torch.distributed as dist
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from corag.tinymodel import save_tiny
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world_size)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(base)
-        tokenizer = AutoTokenizer.from_pretrained(base)
-        log = train_warm_start(model, tokenizer, config, worlds, exclude, rank, world_size)
-        checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
-        gathered = [torch.zeros_like(checksum) for _ in range(world_size)]
-        dist.all_gather(gathered, checksum)
-        if len({g.item() for g in gathered}) != 1:
-            raise RuntimeError(f"data-parallel ranks diverged: weight checksums {gathered}")
-        if rank == 0:
-            save_tiny(out, model, tokenizer)
-            Path(out, "warm_start.json").write_text(json.dumps(log, indent=2))
-    finally:
-        dist.destroy_process_group()
-
-
-def train_warm_start_parallel(
-    base: str | Path,
-    out: str | Path,
-    config: WarmTrainConfig,
-    worlds: WarmStartConfig = WarmStartConfig(),
-    exclude: Collection[int] = (),
-    processes: int = 2,
-) -> None:
-    """`train_warm_start` on `processes` CPU processes (one thread each, gradients averaged over gloo):
-    the model saved in `base` is trained and saved to `out`, its log in `out`/warm_start.json."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        args = (processes, f"{tmp}/rendezvous", str(base), str(out), config, worlds, tuple(exclude))
-        # fork: the workers need nothing from the caller's __main__ (scripts without a main guard work)
-        mp.start_processes(_parallel_worker, args=args, nprocs=processes, start_method="fork")
 
 
 def heldout_accuracy(

@@ -26,7 +26,6 @@ from corag.warmstart import (
     reading_examples,
     subquery_examples,
     train_warm_start,
-    train_warm_start_parallel,
     world_examples,
 )
 
@@ -246,24 +245,3 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
     accuracy = heldout_accuracy(model, tiny_tokenizer, SMALL_WORLDS, seed=3, per_task=5)
     assert set(accuracy) == {"subanswer", "subquery", "final"}
     assert all(0.0 <= v <= 1.0 for v in accuracy.values())
-
-
-def test_data_parallel_warm_start_trains_two_processes_in_step(tiny_model_dir, tiny_tokenizer, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    schedule = WarmTrainConfig(
-        reading_steps=10, mixed_steps=4, reading_batch_tokens=600, batch_tokens=1200, seed=2
-    )
-    out = tmp_path / "warm"
-    train_warm_start_parallel(tiny_model_dir, out, schedule, SMALL_WORLDS, processes=2)
-    trained = AutoModelForCausalLM.from_pretrained(out)
-    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    probe = ExampleStream(tiny_tokenizer, iter_fresh_seeds(77), SMALL_WORLDS).take("subanswer", 8)
-    pad = tiny_tokenizer.pad_token_id
-    assert completion_loss(trained, probe, pad).item() < completion_loss(before, probe, pad).item() - 0.5
-    log = json.loads((out / "warm_start.json").read_text())
-    assert [p["steps"] for p in log["phases"]] == [10, 4]
-    # The ranks saw different worlds: a one-process run on rank 0's worlds alone ends elsewhere.
-    alone = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    train_warm_start(alone, tiny_tokenizer, schedule, SMALL_WORLDS)
-    assert not torch.equal(alone.lm_head.weight, trained.lm_head.weight)
