@@ -57,10 +57,10 @@ class StudyConfig:
     )
     warm_seed: int = 0
     warm_reading_steps: int = field(
-        default=3000, metadata={"help": "optimiser steps reading from one passage (the curriculum)"}
+        default=2500, metadata={"help": "optimiser steps reading from one passage (the curriculum)"}
     )
     warm_mixed_steps: int = field(
-        default=5000, metadata={"help": "optimiser steps on all three calls, reading from 5 passages"}
+        default=6000, metadata={"help": "optimiser steps on all three calls, reading from 5 passages"}
     )
     warm_batch_tokens: int = 4608
     warm_learning_rate: float = 2e-3

@@ -49,7 +49,9 @@ class WarmStartConfig:
     repeat_when_done: bool = True  # after the last gold step, call A repeats its last sub-query
     final_per_world: int = 60  # call C examples (gold chains)
     reading_docs: tuple[int, ...] = (5,)  # passages shown per reading example, drawn uniformly from these
-    final_docs: tuple[int, ...] = (0, 20)  # passages shown in a world's final examples, drawn per world
+    # Passages shown in a world's final examples, drawn per world: mostly none (as when sampling
+    # scores a chain), which is cheaper to learn from; fine-tuning then teaches the 20-passage form.
+    final_docs: tuple[int, ...] = (0, 0, 0, 20)
     num_entities: int = 300
     num_distractors: int = 60
     hops: tuple[int, ...] = (2, 3, 4)
@@ -247,9 +249,9 @@ class WarmTrainConfig:
     picks a name of the right kind without copying it (see README, "The toy world").
     """
 
-    reading_steps: int = 3000
-    mixed_steps: int = 5000
-    mixture: tuple[tuple[str, float], ...] = (("subanswer", 0.5), ("subquery", 0.3), ("final", 0.2))
+    reading_steps: int = 2500
+    mixed_steps: int = 6000
+    mixture: tuple[tuple[str, float], ...] = (("subanswer", 0.3), ("subquery", 0.4), ("final", 0.3))
     reading_batch_tokens: int = 2304  # padded tokens per batch of the curriculum: ~16 prompts
     batch_tokens: int = 4608  # padded tokens per batch of the mixed phase: ~16 five-passage prompts
     learning_rate: float = 2e-3
