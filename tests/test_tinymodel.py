@@ -103,3 +103,17 @@ def test_build_is_deterministic_per_seed(tiny_tokenizer):
         torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
     )
     assert c.config.model_type == "qwen2" and c.config.head_dim == 64
+
+
+def test_a_tokenizer_trained_without_a_world_still_knows_the_prompt_words(tiny_tokenizer):
+    from corag.data.toyworld import name_pool, tokenizer_texts
+
+    generic = train_tokenizer(tokenizer_texts(None), words=name_pool())
+    world = generate_world(seed=4242, num_entities=60, num_distractors=10, train_per_hop=2, test_per_hop=1)
+    fact = world.single_hop[0]
+    messages = subanswer_messages(fact.query, [p for p in world.passages if p.id in fact.supporting_ids])
+    text = generic.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = generic(text, add_special_tokens=False)["input_ids"]
+    # The instruction words are whole tokens, not spelled out letter by letter.
+    assert "Ġhallucinate" in generic.convert_ids_to_tokens(ids)
+    assert len(ids) <= 1.1 * len(tiny_tokenizer(text, add_special_tokens=False)["input_ids"])
