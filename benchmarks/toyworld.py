@@ -61,9 +61,11 @@ def run_seeds(args: argparse.Namespace, warm: Path) -> list[dict]:
             command += ["--out_dir", str(out), "--warm_dir", str(warm)]
             command += ["--config", args.config] if args.config else []
             out.mkdir(parents=True, exist_ok=True)
-            log = (out / "study.log").open("a")
             print(f"seed {seed}: {' '.join(command[1:])} (log: {out / 'study.log'})", flush=True)
-            running.append((seed, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)))
+            with (out / "study.log").open("a") as log:  # the child keeps its own handle
+                running.append(
+                    (seed, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env))
+                )
         time.sleep(2)
         for seed, proc in list(running):
             if proc.poll() is not None:

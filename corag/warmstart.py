@@ -33,6 +33,7 @@ from tqdm import tqdm
 from corag import prompts
 from corag.data.toyworld import ToyWorld, fact_sentence, generate_world
 from corag.retrieval.bm25 import BM25Retriever
+from corag.training import tokenize_example
 from corag.types import Example, Passage
 
 TASK_DESC = prompts.task_description("multihopqa")
@@ -240,6 +241,17 @@ class WarmPhase:
     reading_docs: tuple[int, ...]  # passages shown per reading example
     weights: tuple[tuple[str, float], ...]  # (task, share of batches)
 
+    def world_config(self, worlds: WarmStartConfig) -> WarmStartConfig:
+        """`worlds` with this phase's passages per reading example, building no task it does not train."""
+        tasks = {task for task, _ in self.weights}
+        return replace(
+            worlds,
+            reading_docs=self.reading_docs,
+            reading_per_world=worlds.reading_per_world if "subanswer" in tasks else 0,
+            subquery_questions_per_world=worlds.subquery_questions_per_world if "subquery" in tasks else 0,
+            final_per_world=worlds.final_per_world if "final" in tasks else 0,
+        )
+
 
 @dataclass(frozen=True)
 class WarmTrainConfig:
@@ -277,8 +289,6 @@ class ExampleStream:
 
     def _next(self, task: str) -> tuple[list[int], list[int]]:
         """The next example of `task` (left in the queue)."""
-        from corag.training import tokenize_example
-
         while not self.queues.get(task):
             for ex in world_examples(next(self.world_seeds), self.config):
                 queue = self.queues.setdefault(ex["task"], deque())
@@ -351,7 +361,7 @@ def train_warm_start(
     log: dict[str, Any] = {"phases": []}
     model.train()
     for number, phase in enumerate(config.phases(), 1):
-        stream = ExampleStream(tokenizer, seeds, replace(worlds, reading_docs=phase.reading_docs))
+        stream = ExampleStream(tokenizer, seeds, phase.world_config(worlds))
         tasks, weights = zip(*phase.weights, strict=True)
         recent: dict[str, list[float]] = {t: [] for t in tasks}
         desc = f"warm start {number}/{len(config.phases())}"
