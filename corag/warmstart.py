@@ -255,14 +255,16 @@ class WarmPhase:
 
 @dataclass(frozen=True)
 class WarmTrainConfig:
-    """The warm start's training: a reading curriculum (one passage), then all three calls.
+    """The warm start's training: a curriculum with one passage per reading example (by default
+    reading only), then all three calls with five passages per reading example.
 
     Reading from one passage first is what gets a model trained from scratch over the plateau where it
     picks a name of the right kind without copying it (see README, "The toy world").
     """
 
-    reading_steps: int = 2500
+    reading_steps: int = 2500  # the curriculum's steps
     mixed_steps: int = 6000
+    curriculum: tuple[tuple[str, float], ...] = (("subanswer", 1.0),)
     mixture: tuple[tuple[str, float], ...] = (("subanswer", 0.3), ("subquery", 0.4), ("final", 0.3))
     reading_batch_tokens: int = 2304  # padded tokens per batch of the curriculum: ~16 prompts
     batch_tokens: int = 4608  # padded tokens per batch of the mixed phase: ~16 five-passage prompts
@@ -272,7 +274,7 @@ class WarmTrainConfig:
 
     def phases(self) -> list[WarmPhase]:
         return [
-            WarmPhase(self.reading_steps, self.reading_batch_tokens, (1,), (("subanswer", 1.0),)),
+            WarmPhase(self.reading_steps, self.reading_batch_tokens, (1,), self.curriculum),
             WarmPhase(self.mixed_steps, self.batch_tokens, (5,), self.mixture),
         ]
 
@@ -391,21 +393,36 @@ def train_warm_start(
 def heldout_accuracy(
     model: Any, tokenizer: Any, worlds: WarmStartConfig, seed: int, per_task: int = 100
 ) -> dict[str, float]:
-    """Teacher-forced exact match by task on a fresh world never trained on: the share of examples
-    whose every target token (and end of turn) is the model's top choice."""
+    """Teacher-forced exact match by task on fresh worlds never trained on: the share of examples
+    whose every target token (and end of turn) is the model's top choice.
+
+    Call A is also split by step: `subquery_first` (the subject is copied from the main query) and
+    `subquery_later` (the latest intermediate answer must be copied into the new sub-query).
+    """
     import torch
 
-    stream = ExampleStream(tokenizer, iter_fresh_seeds(seed + 7_919_000), worlds)
+    keys_wanted = ("final", "subanswer", "subquery", "subquery_first", "subquery_later")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for world_seed in itertools.islice(iter_fresh_seeds(seed + 7_919_000), 50):
+        for ex in world_examples(world_seed, worlds):
+            keys = [ex["task"]]
+            if ex["task"] == "subquery":
+                keys.append("subquery_first" if ex["id"].endswith("/0") else "subquery_later")
+            for key in keys:
+                if len(groups.setdefault(key, [])) < per_task:
+                    groups[key].append(ex)
+        if all(len(groups.get(key, [])) == per_task for key in keys_wanted):
+            break
     out = {}
     with torch.inference_mode():
-        for task in ("subanswer", "subquery", "final"):
-            batch = stream.take(task, per_task)
+        for key, examples in sorted(groups.items()):
             correct = 0
-            for ids, labels in batch:
-                hidden = model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0, :-1]
-                targets = torch.tensor(labels[1:])
+            for ex in examples:
+                encoded = tokenize_example(tokenizer, ex["prompt"], ex["completion"])
+                hidden = model.base_model(input_ids=torch.tensor([encoded["input_ids"]])).last_hidden_state
+                targets = torch.tensor(encoded["labels"][1:])
                 keep = targets != -100
-                top = model.get_output_embeddings()(hidden[keep]).argmax(-1)
+                top = model.get_output_embeddings()(hidden[0, :-1][keep]).argmax(-1)
                 correct += bool((top == targets[keep]).all())
-            out[task] = round(correct / len(batch), 3)
+            out[key] = round(correct / len(examples), 3)
     return out

@@ -243,5 +243,21 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
     assert after2 == after and log2 == log
     assert all(torch.equal(weights[k], weights2[k]) for k in weights)
     accuracy = heldout_accuracy(model, tiny_tokenizer, SMALL_WORLDS, seed=3, per_task=5)
-    assert set(accuracy) == {"subanswer", "subquery", "final"}
+    assert set(accuracy) == {"subanswer", "subquery", "subquery_first", "subquery_later", "final"}
     assert all(0.0 <= v <= 1.0 for v in accuracy.values())
+
+
+def test_phases_build_only_the_tasks_they_train():
+    default_first, default_second = WarmTrainConfig().phases()
+    assert default_first.reading_docs == (1,) and default_second.reading_docs == (5,)
+    first = default_first.world_config(SMALL_WORLDS)
+    assert first.reading_per_world > 0 and first.subquery_questions_per_world == first.final_per_world == 0
+    second = default_second.world_config(SMALL_WORLDS)
+    assert second.reading_per_world and second.subquery_questions_per_world and second.final_per_world
+    mixed_first = WarmTrainConfig(curriculum=(("subanswer", 0.5), ("subquery", 0.5))).phases()[0]
+    built = mixed_first.world_config(SMALL_WORLDS)
+    assert (
+        built.reading_docs == (1,) and built.subquery_questions_per_world > 0 and built.final_per_world == 0
+    )
+    tasks = {e["task"] for e in world_examples(fresh_seeds(4, 1)[0], built)}
+    assert tasks == {"subanswer", "subquery"}
