@@ -327,11 +327,16 @@ def completion_loss(model: Any, batch: Sequence[tuple[list[int], list[int]]], pa
     ids = torch.tensor([x + [pad_id] * (width - len(x)) for x, _ in batch])
     labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
     mask = (torch.arange(width)[None] < torch.tensor([len(x) for x, _ in batch])[:, None]).long()
+    logits, targets = _labelled_logits(model, ids, labels, mask)
+    return F.cross_entropy(logits.float(), targets)
+
+
+def _labelled_logits(model: Any, ids: Any, labels: Any, mask: Any = None) -> tuple[Any, Any]:
+    """Next-token logits at the labelled positions only, and their targets."""
     hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
     targets = labels[:, 1:]
     keep = targets != -100
-    logits = model.get_output_embeddings()(hidden[keep])
-    return F.cross_entropy(logits.float(), targets[keep])
+    return model.get_output_embeddings()(hidden[keep]), targets[keep]
 
 
 def learning_rate(step: int, steps: int, config: WarmTrainConfig) -> float:
@@ -413,16 +418,15 @@ def heldout_accuracy(
                     groups[key].append(ex)
         if all(len(groups.get(key, [])) == per_task for key in keys_wanted):
             break
-    out = {}
+    right: dict[str, bool] = {}  # by example id: a call A example is in two groups, scored once
     with torch.inference_mode():
-        for key, examples in sorted(groups.items()):
-            correct = 0
-            for ex in examples:
+        for ex in (ex for examples in groups.values() for ex in examples):
+            if ex["id"] not in right:
                 encoded = tokenize_example(tokenizer, ex["prompt"], ex["completion"])
-                hidden = model.base_model(input_ids=torch.tensor([encoded["input_ids"]])).last_hidden_state
-                targets = torch.tensor(encoded["labels"][1:])
-                keep = targets != -100
-                top = model.get_output_embeddings()(hidden[0, :-1][keep]).argmax(-1)
-                correct += bool((top == targets[keep]).all())
-            out[key] = round(correct / len(examples), 3)
-    return out
+                ids, labels = (torch.tensor([encoded[k]]) for k in ("input_ids", "labels"))
+                logits, targets = _labelled_logits(model, ids, labels)
+                right[ex["id"]] = bool((logits.argmax(-1) == targets).all())
+    return {
+        key: round(sum(right[ex["id"]] for ex in examples) / len(examples), 3)
+        for key, examples in sorted(groups.items())
+    }
