@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from corag.config import parse_config
+from corag.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "sft.py"
@@ -56,14 +57,29 @@ class StudyConfig:
         default=None, metadata={"help": "reuse this warm model instead of training one"}
     )
     warm_seed: int = 0
+    warm_pretrain_steps: int = field(
+        default=3000,
+        metadata={"help": "optimiser steps trained on every token of reading and call A examples"},
+    )
     warm_reading_steps: int = field(
-        default=2500, metadata={"help": "optimiser steps reading from one passage (the curriculum)"}
+        default=2000, metadata={"help": "optimiser steps of the curriculum (reading from one passage)"}
     )
     warm_mixed_steps: int = field(
-        default=6000, metadata={"help": "optimiser steps on all three calls, reading from 5 passages"}
+        default=3500, metadata={"help": "optimiser steps on all three calls, reading from 5 passages"}
+    )
+    warm_curriculum: list[str] = field(
+        default_factory=lambda: ["subanswer=0.5", "subquery=0.5"],
+        metadata={"help": "the curriculum's tasks and shares of batches, task=share"},
     )
     warm_batch_tokens: int = 4608
     warm_learning_rate: float = 2e-3
+    warm_tuning_learning_rate: float | None = field(
+        default=5e-4, metadata={"help": "peak learning rate after pretraining (None: warm_learning_rate)"}
+    )
+    warm_prompt_loss: list[str] = field(
+        default_factory=lambda: ["subquery"],
+        metadata={"help": "tasks trained on every token after pretraining too"},
+    )
     model_hidden_size: int = 128
     model_layers: int = 2
     model_heads: int = 4
@@ -84,6 +100,10 @@ class StudyConfig:
     ircot_demonstrations: int = 4
     budget: int | None = None
     max_active: int = 64
+
+    def __post_init__(self) -> None:
+        for item in self.warm_curriculum:  # a bad entry fails here, not after the world is built
+            _share(item)
 
 
 def _stage(name: str, done: Path, timings: dict[str, float], fn: Callable[[], Any]) -> None:
@@ -106,6 +126,17 @@ def train(config_file: str, model: Path, out: Path, data: dict[str, str], extra:
     subprocess.run(args, check=True)
 
 
+def _share(item: str) -> tuple[str, float]:
+    """`task=share` -> (task, share), the task one of the three calls' names."""
+    task, _, share = item.partition("=")
+    try:
+        if task in ("subanswer", "subquery", "final"):
+            return task, float(share)
+    except ValueError:
+        pass
+    raise InputError(f"expected subanswer|subquery|final=<share>, got {item!r}", field="warm_curriculum")
+
+
 def warm_start(cfg: StudyConfig, warm: Path) -> None:
     """Train the warm model from scratch on fresh worlds and save it (with its log) to `warm`."""
     from corag.data.toyworld import name_pool, tokenizer_texts
@@ -117,10 +148,14 @@ def warm_start(cfg: StudyConfig, warm: Path) -> None:
         tokenizer, hidden_size=cfg.model_hidden_size, num_layers=cfg.model_layers, num_heads=cfg.model_heads
     )
     schedule = WarmTrainConfig(
+        pretrain_steps=cfg.warm_pretrain_steps,
         reading_steps=cfg.warm_reading_steps,
         mixed_steps=cfg.warm_mixed_steps,
+        curriculum=tuple(_share(item) for item in cfg.warm_curriculum),
         batch_tokens=cfg.warm_batch_tokens,
         learning_rate=cfg.warm_learning_rate,
+        tuning_learning_rate=cfg.warm_tuning_learning_rate,
+        prompt_loss=tuple(cfg.warm_prompt_loss),
         seed=cfg.warm_seed,
     )
     log = train_warm_start(model, tokenizer, schedule, exclude={cfg.seed})

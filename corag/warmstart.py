@@ -240,6 +240,8 @@ class WarmPhase:
     batch_tokens: int  # padded tokens per batch
     reading_docs: tuple[int, ...]  # passages shown per reading example
     weights: tuple[tuple[str, float], ...]  # (task, share of batches)
+    learning_rate: float  # the peak of this phase's schedule
+    prompt_loss: tuple[str, ...] = ()  # tasks trained on every token, prompt included
 
     def world_config(self, worlds: WarmStartConfig) -> WarmStartConfig:
         """`worlds` with this phase's passages per reading example, building no task it does not train."""
@@ -255,37 +257,69 @@ class WarmPhase:
 
 @dataclass(frozen=True)
 class WarmTrainConfig:
-    """The warm start's training: a curriculum with one passage per reading example (by default
-    reading only), then all three calls with five passages per reading example.
+    """The warm start's training: pretraining, a curriculum with one passage per reading example,
+    then all three calls with five passages per reading example.
 
     Reading from one passage first is what gets a model trained from scratch over the plateau where it
     picks a name of the right kind without copying it (see README, "The toy world").
+
+    Pretraining (skipped when `pretrain_steps` is 0) trains on every token of one-passage reading
+    and call A examples, prompt included, as a language model is pretrained on text. That is what
+    taught a two-layer model to copy an intermediate answer into the next sub-query; with the
+    completion alone as the target, no two-layer schedule here ever learned it, nor with every token
+    of call A alone. Pretraining does not teach reading (the answer is one token of hundreds), so
+    the curriculum follows, at `tuning_learning_rate`: at the pretraining rate it undoes the copy
+    within a few hundred steps (README, "The full study").
     """
 
-    reading_steps: int = 2500  # the curriculum's steps
-    mixed_steps: int = 6000
-    curriculum: tuple[tuple[str, float], ...] = (("subanswer", 1.0),)
+    pretrain_steps: int = 3000
+    pretrain_mixture: tuple[tuple[str, float], ...] = (("subanswer", 0.5), ("subquery", 0.5))
+    reading_steps: int = 2000  # the curriculum's steps
+    mixed_steps: int = 3500
+    curriculum: tuple[tuple[str, float], ...] = (("subanswer", 0.5), ("subquery", 0.5))
     mixture: tuple[tuple[str, float], ...] = (("subanswer", 0.3), ("subquery", 0.4), ("final", 0.3))
-    reading_batch_tokens: int = 2304  # padded tokens per batch of the curriculum: ~16 prompts
+    prompt_loss: tuple[str, ...] = ("subquery",)  # tasks trained on every token after pretraining too
+    reading_batch_tokens: int = 2304  # padded tokens per batch with one passage: ~16 prompts
     batch_tokens: int = 4608  # padded tokens per batch of the mixed phase: ~16 five-passage prompts
-    learning_rate: float = 2e-3
+    learning_rate: float = 2e-3  # the peak; after pretraining, `tuning_learning_rate` if set
+    tuning_learning_rate: float | None = 5e-4
     warmup_steps: int = 50
     seed: int = 0
 
     def phases(self) -> list[WarmPhase]:
-        return [
-            WarmPhase(self.reading_steps, self.reading_batch_tokens, (1,), self.curriculum),
-            WarmPhase(self.mixed_steps, self.batch_tokens, (5,), self.mixture),
+        tuning = self.learning_rate if self.tuning_learning_rate is None else self.tuning_learning_rate
+        pretrain = WarmPhase(
+            self.pretrain_steps,
+            self.reading_batch_tokens,
+            (1,),
+            self.pretrain_mixture,
+            self.learning_rate,
+            tuple(task for task, _ in self.pretrain_mixture),
+        )
+        return [pretrain] * (self.pretrain_steps > 0) + [
+            WarmPhase(
+                self.reading_steps, self.reading_batch_tokens, (1,), self.curriculum, tuning, self.prompt_loss
+            ),
+            WarmPhase(self.mixed_steps, self.batch_tokens, (5,), self.mixture, tuning, self.prompt_loss),
         ]
 
 
 class ExampleStream:
-    """Tokenized warm-start examples by task, drawn from fresh worlds as they are needed."""
+    """Tokenized warm-start examples by task, drawn from fresh worlds as they are needed.
+
+    Labels cover the completion, or every token for the tasks in `prompt_loss`.
+    """
 
     def __init__(
-        self, tokenizer: Any, world_seeds: Iterator[int], config: WarmStartConfig, max_queue: int = 2048
+        self,
+        tokenizer: Any,
+        world_seeds: Iterator[int],
+        config: WarmStartConfig,
+        max_queue: int = 2048,
+        prompt_loss: Collection[str] = (),
     ) -> None:
         self.tokenizer, self.world_seeds, self.config = tokenizer, world_seeds, config
+        self.prompt_loss = set(prompt_loss)
         self.max_queue = max_queue  # a task drawn rarely does not pile up examples of the others
         self.queues: dict[str, deque[tuple[list[int], list[int]]]] = {}
 
@@ -296,7 +330,8 @@ class ExampleStream:
                 queue = self.queues.setdefault(ex["task"], deque())
                 if len(queue) < self.max_queue:
                     encoded = tokenize_example(self.tokenizer, ex["prompt"], ex["completion"])
-                    queue.append((encoded["input_ids"], encoded["labels"]))
+                    ids = encoded["input_ids"]
+                    queue.append((ids, ids if ex["task"] in self.prompt_loss else encoded["labels"]))
         return self.queues[task][0]
 
     def take(self, task: str, n: int) -> list[tuple[list[int], list[int]]]:
@@ -339,10 +374,10 @@ def _labelled_logits(model: Any, ids: Any, labels: Any, mask: Any = None) -> tup
     return model.get_output_embeddings()(hidden[keep]), targets[keep]
 
 
-def learning_rate(step: int, steps: int, config: WarmTrainConfig) -> float:
-    """Linear warm-up, then cosine decay to a tenth (restarted in each phase)."""
-    warm = min(1.0, (step + 1) / config.warmup_steps)
-    return config.learning_rate * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * step / max(1, steps))))
+def learning_rate(step: int, phase: WarmPhase, warmup_steps: int) -> float:
+    """Linear warm-up to the phase's peak, then cosine decay to a tenth (restarted in each phase)."""
+    warm = min(1.0, (step + 1) / warmup_steps)
+    return phase.learning_rate * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * step / max(1, phase.steps))))
 
 
 def train_warm_start(
@@ -368,7 +403,7 @@ def train_warm_start(
     log: dict[str, Any] = {"phases": []}
     model.train()
     for number, phase in enumerate(config.phases(), 1):
-        stream = ExampleStream(tokenizer, seeds, phase.world_config(worlds))
+        stream = ExampleStream(tokenizer, seeds, phase.world_config(worlds), prompt_loss=phase.prompt_loss)
         tasks, weights = zip(*phase.weights, strict=True)
         recent: dict[str, list[float]] = {t: [] for t in tasks}
         desc = f"warm start {number}/{len(config.phases())}"
@@ -377,7 +412,7 @@ def train_warm_start(
             task = rng.choices(tasks, weights)[0]
             batch = stream.take_tokens(task, phase.batch_tokens)
             for group in optimiser.param_groups:
-                group["lr"] = learning_rate(step, phase.steps, config)
+                group["lr"] = learning_rate(step, phase, config.warmup_steps)
             loss = completion_loss(model, batch, tokenizer.pad_token_id)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
@@ -389,6 +424,8 @@ def train_warm_start(
         log["phases"].append({
             "steps": phase.steps,
             "reading_docs": list(phase.reading_docs),
+            "learning_rate": phase.learning_rate,
+            "prompt_loss": list(phase.prompt_loss),
             "final_loss": {t: round(sum(v) / len(v), 4) for t, v in recent.items() if v},
         })  # fmt: skip
     model.eval()

@@ -13,7 +13,7 @@ from corag.data.formats import load_multihopqa
 
 SMALL = [
     "--num_entities", "60", "--num_distractors", "15", "--train_per_hop", "8", "--test_per_hop", "2",
-    "--warm_reading_steps", "4", "--warm_mixed_steps", "6", "--sample_questions", "4", "--num_chains", "2", "--test_questions", "3",
+    "--warm_pretrain_steps", "3", "--warm_reading_steps", "4", "--warm_mixed_steps", "6", "--sample_questions", "4", "--num_chains", "2", "--test_questions", "3",
     "--evals",
     "no_retrieval=corag@greedy:L=0:docs=0", "single_step=single_step@greedy:L=0",
     "corag_greedy=corag@greedy:L=1", "corag_best_of_2=corag@best_of_n:L=1:N=2",
@@ -57,3 +57,11 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
     again = json.loads((out / "summary.json").read_text())
     assert set(again["timings_s"]) == {"evaluate"}
     assert again["results"] == results
+
+
+def test_a_bad_curriculum_entry_is_one_clear_error(tmp_path):
+    from corag.errors import InputError
+
+    with pytest.raises(InputError, match="warm_curriculum.*'reading=0.5'"):
+        quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--warm_curriculum", "reading=0.5"])
+    assert not (tmp_path / "qs").exists()  # rejected before anything is written

@@ -220,11 +220,29 @@ def test_stream_labels_only_the_target_and_draws_each_task_from_fresh_worlds(tin
     ).take("subanswer", 5)
 
 
+def test_prompt_loss_labels_every_token_of_its_tasks_only(tiny_tokenizer):
+    whole = ExampleStream(tiny_tokenizer, iter_fresh_seeds(7), SMALL_WORLDS, prompt_loss={"subquery"})
+    plain = ExampleStream(tiny_tokenizer, iter_fresh_seeds(7), SMALL_WORLDS)
+    for (ids, labels), (plain_ids, plain_labels) in zip(
+        whole.take("subquery", 4), plain.take("subquery", 4), strict=True
+    ):
+        assert ids == plain_ids and labels == ids  # same example, now labelled everywhere
+        assert plain_labels.count(-100) > len(ids) // 2
+    assert whole.take("subanswer", 4) == plain.take("subanswer", 4)  # other tasks unchanged
+
+
 def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, tiny_tokenizer):
     from transformers import AutoModelForCausalLM
 
     schedule = WarmTrainConfig(
-        reading_steps=12, mixed_steps=6, reading_batch_tokens=600, batch_tokens=1200, warmup_steps=2, seed=1
+        pretrain_steps=8,
+        reading_steps=12,
+        mixed_steps=6,
+        reading_batch_tokens=600,
+        batch_tokens=1200,
+        tuning_learning_rate=1e-3,
+        warmup_steps=2,
+        seed=1,
     )
     runs = []
     for _ in range(2):
@@ -237,9 +255,15 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
         runs.append((before, after, log, model.state_dict()))
     (before, after, log, weights), (_, after2, log2, weights2) = runs
     assert after < before - 0.5  # a random model's loss on unseen worlds falls
-    assert [p["steps"] for p in log["phases"]] == [12, 6]
-    assert log["phases"][0]["reading_docs"] == [1] and log["phases"][1]["reading_docs"] == [5]
-    assert set(log["phases"][1]["final_loss"]) <= {"subanswer", "subquery", "final"}
+    assert [p["steps"] for p in log["phases"]] == [8, 12, 6]
+    assert [p["reading_docs"] for p in log["phases"]] == [[1], [1], [5]]
+    assert [p["learning_rate"] for p in log["phases"]] == [2e-3, 1e-3, 1e-3]
+    assert [p["prompt_loss"] for p in log["phases"]] == [
+        ["subanswer", "subquery"],
+        ["subquery"],
+        ["subquery"],
+    ]
+    assert set(log["phases"][2]["final_loss"]) <= {"subanswer", "subquery", "final"}
     assert after2 == after and log2 == log
     assert all(torch.equal(weights[k], weights2[k]) for k in weights)
     accuracy = heldout_accuracy(model, tiny_tokenizer, SMALL_WORLDS, seed=3, per_task=5)
@@ -248,14 +272,17 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
 
 
 def test_phases_build_only_the_tasks_they_train():
-    default_first, default_second = WarmTrainConfig().phases()
-    assert default_first.reading_docs == (1,) and default_second.reading_docs == (5,)
-    first = default_first.world_config(SMALL_WORLDS)
+    reading_only = WarmTrainConfig(pretrain_steps=0, curriculum=(("subanswer", 1.0),))
+    curriculum, mixed = reading_only.phases()  # no pretraining phase when it has no steps
+    assert curriculum.reading_docs == (1,) and mixed.reading_docs == (5,)
+    first = curriculum.world_config(SMALL_WORLDS)
     assert first.reading_per_world > 0 and first.subquery_questions_per_world == first.final_per_world == 0
-    second = default_second.world_config(SMALL_WORLDS)
+    second = mixed.world_config(SMALL_WORLDS)
     assert second.reading_per_world and second.subquery_questions_per_world and second.final_per_world
-    mixed_first = WarmTrainConfig(curriculum=(("subanswer", 0.5), ("subquery", 0.5))).phases()[0]
-    built = mixed_first.world_config(SMALL_WORLDS)
+    pretrain, curriculum, _ = WarmTrainConfig().phases()
+    assert set(pretrain.prompt_loss) == {task for task, _ in pretrain.weights}  # every token of every task
+    assert pretrain.learning_rate > curriculum.learning_rate
+    built = curriculum.world_config(SMALL_WORLDS)
     assert (
         built.reading_docs == (1,) and built.subquery_questions_per_world > 0 and built.final_per_world == 0
     )
