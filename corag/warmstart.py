@@ -260,7 +260,7 @@ class WarmTrainConfig:
     """The warm start's training: pretraining, a curriculum with one passage per reading example,
     then all three calls with five passages per reading example.
 
-    Reading from one passage first is what gets a model trained from scratch over the plateau where it
+    Reading from one passage is what gets a model trained from scratch over the plateau where it
     picks a name of the right kind without copying it (see README, "The toy world").
 
     Pretraining (skipped when `pretrain_steps` is 0) trains on every token of one-passage reading
