@@ -73,8 +73,9 @@ class StudyConfig:
     )
     warm_batch_tokens: int = 4608
     warm_learning_rate: float = 2e-3
-    warm_tuning_learning_rate: float | None = field(
-        default=5e-4, metadata={"help": "peak learning rate after pretraining (None: warm_learning_rate)"}
+    warm_tuning_learning_rate: float = field(
+        default=5e-4,
+        metadata={"help": "peak learning rate after pretraining (warm_learning_rate is pretraining's)"},
     )
     warm_prompt_loss: list[str] = field(
         default_factory=lambda: ["subquery"],

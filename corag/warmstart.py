@@ -281,27 +281,40 @@ class WarmTrainConfig:
     prompt_loss: tuple[str, ...] = ("subquery",)  # tasks trained on every token after pretraining too
     reading_batch_tokens: int = 2304  # padded tokens per batch with one passage: ~16 prompts
     batch_tokens: int = 4608  # padded tokens per batch of the mixed phase: ~16 five-passage prompts
-    learning_rate: float = 2e-3  # the peak; after pretraining, `tuning_learning_rate` if set
-    tuning_learning_rate: float | None = 5e-4
+    learning_rate: float = 2e-3  # pretraining's peak
+    tuning_learning_rate: float = 5e-4  # the peak of the curriculum and the mixed phase
     warmup_steps: int = 50
     seed: int = 0
 
     def phases(self) -> list[WarmPhase]:
-        tuning = self.learning_rate if self.tuning_learning_rate is None else self.tuning_learning_rate
-        pretrain = WarmPhase(
-            self.pretrain_steps,
-            self.reading_batch_tokens,
-            (1,),
-            self.pretrain_mixture,
-            self.learning_rate,
-            tuple(task for task, _ in self.pretrain_mixture),
-        )
-        return [pretrain] * (self.pretrain_steps > 0) + [
+        pretrain_tasks = tuple(task for task, _ in self.pretrain_mixture)
+        phases = [
             WarmPhase(
-                self.reading_steps, self.reading_batch_tokens, (1,), self.curriculum, tuning, self.prompt_loss
+                self.pretrain_steps,
+                self.reading_batch_tokens,
+                (1,),
+                self.pretrain_mixture,
+                self.learning_rate,
+                pretrain_tasks,
             ),
-            WarmPhase(self.mixed_steps, self.batch_tokens, (5,), self.mixture, tuning, self.prompt_loss),
+            WarmPhase(
+                self.reading_steps,
+                self.reading_batch_tokens,
+                (1,),
+                self.curriculum,
+                self.tuning_learning_rate,
+                self.prompt_loss,
+            ),
+            WarmPhase(
+                self.mixed_steps,
+                self.batch_tokens,
+                (5,),
+                self.mixture,
+                self.tuning_learning_rate,
+                self.prompt_loss,
+            ),
         ]
+        return phases if self.pretrain_steps > 0 else phases[1:]
 
 
 class ExampleStream:
@@ -402,11 +415,12 @@ def train_warm_start(
     )
     log: dict[str, Any] = {"phases": []}
     model.train()
-    for number, phase in enumerate(config.phases(), 1):
+    phases = config.phases()
+    for number, phase in enumerate(phases, 1):
         stream = ExampleStream(tokenizer, seeds, phase.world_config(worlds), prompt_loss=phase.prompt_loss)
         tasks, weights = zip(*phase.weights, strict=True)
         recent: dict[str, list[float]] = {t: [] for t in tasks}
-        desc = f"warm start {number}/{len(config.phases())}"
+        desc = f"warm start {number}/{len(phases)}"
         bar = tqdm(range(phase.steps), desc=desc, mininterval=5)
         for step in bar:
             task = rng.choices(tasks, weights)[0]
