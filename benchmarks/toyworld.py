@@ -91,12 +91,27 @@ def main() -> None:
         print("warm start (shared by the seeds) ...", flush=True)
         warm_start(replace(base, seed=args.seeds[0]), warm)
     warm_s = time.perf_counter() - start
-    per_seed = [summary["results"] for summary in run_seeds(args, warm)]
-    report(args, per_seed, time.perf_counter() - start, warm_s)
+    summaries = run_seeds(args, warm)
+    report(args, summaries, time.perf_counter() - start, warm_s)
 
 
-def report(args: argparse.Namespace, per_seed: list[dict], wall_s: float, warm_s: float) -> None:
-    """Print the table (mean ± spread over seeds), write the mean scaling plot, print the JSON line."""
+def call_accuracy_3hop(summaries: list[dict]) -> dict[str, dict[str, float]]:
+    """Each call's accuracy on gold inputs, 3-hop validation questions, mean over seeds, by model."""
+    scored = [s["call_accuracy"] for s in summaries if "3hop" in s.get("call_accuracy", {}).get("corag", {})]
+    if not scored:
+        return {}
+    return {
+        model: {
+            key: round(statistics.fmean(s[model]["3hop"][key] for s in scored), 4)
+            for key in scored[0][model]["3hop"]
+        }
+        for model in scored[0]
+    }
+
+
+def report(args: argparse.Namespace, summaries: list[dict], wall_s: float, warm_s: float) -> None:
+    """Print the tables (mean ± spread over seeds), write the mean scaling plot, print the JSON line."""
+    per_seed = [summary["results"] for summary in summaries]
     methods = [m for m in per_seed[0] if all(m in r for r in per_seed)]
     hops = sorted({h for r in per_seed for m in methods for h in r[m]["em_by_hops"]}, key=int)
     em = {m: {h: spread([r[m]["em_by_hops"].get(h, 0.0) for r in per_seed]) for h in hops} for m in methods}
@@ -106,6 +121,12 @@ def report(args: argparse.Namespace, per_seed: list[dict], wall_s: float, warm_s
     for m in methods:
         cells = " ".join(f"{em[m][h]['mean']:6.1f} ± {em[m][h]['std']:4.1f}" for h in hops)
         print(f"{m:20s} {cells}   {em_all[m]['mean']:6.1f} {tokens[m]['mean']:10.0f}")
+    calls = call_accuracy_3hop(summaries)
+    for model, accuracy in calls.items():
+        print(
+            f"calls of the {model} model on gold inputs, 3-hop: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items())
+        )
     names = list(methods)
     x = [tokens[m]["mean"] for m in names]
     y = [em_all[m]["mean"] for m in names]
@@ -121,6 +142,7 @@ def report(args: argparse.Namespace, per_seed: list[dict], wall_s: float, warm_s
         "search_at_least_greedy_3hop": max(three.get("corag_best_of_4", -1), three.get("corag_tree", -1))
         >= three.get("corag_greedy", 0),
         "pareto_frontier": frontier,
+        "call_accuracy_3hop": calls,
         "seeds": args.seeds,
         "wall_s": round(wall_s, 1),
         "warm_start_s": round(warm_s, 1),

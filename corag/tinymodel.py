@@ -38,22 +38,30 @@ CHAT_TEMPLATE = (
 )
 
 
+# Pre-tokens: GPT-2's split (a word, number or run of symbols with its leading space), except that a
+# space before a capital letter ends the piece before it instead of starting the next one.
+PRE_TOKEN = (
+    r" ?(?:\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+) (?=\p{Lu})| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+)
+
+
 def train_tokenizer(
     texts: Iterable[str], vocab_size: int = 4000, words: Iterable[str] = ()
 ) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on `texts` (exact round trip, no unknown tokens).
 
-    A space before a capital letter is its own token, so a name has the same tokens after a space
-    (inside a passage) and at the start of an answer (right after the assistant header): answering
-    is then a plain copy, not a lookup between two spellings that a tiny model must learn word by
-    word. Each of `words` (runs of letters) becomes one token whatever the merges learned; the toy
-    world passes its name pool, so every name-word of every world is one token.
+    A space before a capital letter joins the piece before it (`of Thidrul Kodrima.` is `ofĠ`,
+    `ThidrulĠ`, `Kodrima`, `.`), so a name has the same tokens inside a passage and at the start of
+    an answer, and each word of a name directly follows the one before it: answering is a plain copy
+    where the previous token says what comes next. Each of `words` (runs of letters) becomes one
+    token whatever the merges learned, bare and with a trailing space; the toy world passes its name
+    pool, so every name-word of every world is one token.
     """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(" (?=[A-Z])"), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False),
+            pre_tokenizers.Split(Regex(PRE_TOKEN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
     tok.decoder = decoders.ByteLevel()
@@ -76,7 +84,7 @@ def train_tokenizer(
 
 
 def _with_whole_words(tok: Tokenizer, words: Iterable[str]) -> Tokenizer:
-    """Add `words` to the BPE vocabulary as whole tokens.
+    """Add `words`, bare and followed by a space, to the BPE vocabulary as whole tokens.
 
     With `ignore_merges`, a pre-tokenized word found in the vocabulary is emitted as one token before
     any merge is tried; every other word still goes through the learned merges.
@@ -86,8 +94,8 @@ def _with_whole_words(tok: Tokenizer, words: Iterable[str]) -> Tokenizer:
     vocab: dict[str, int] = data["model"]["vocab"]
     next_id = max([*vocab.values(), *(t["id"] for t in data["added_tokens"])]) + 1
     added = False
-    for word in words:  # a space before a capitalised word is split off, so the bare form suffices
-        (piece, _), *rest = as_bytes.pre_tokenize_str(word)
+    for text in (form for word in words for form in (word, word + " ")):
+        (piece, _), *rest = as_bytes.pre_tokenize_str(text)
         if not rest and piece not in vocab:
             vocab[piece] = next_id
             next_id += 1

@@ -92,6 +92,10 @@ class StudyConfig:
     max_length: int = 3
     # Fine-tuning (CoRAG and the single-step baseline share the config and the number of steps).
     sft_config: str = "configs/toy/sft.yaml"
+    # Diagnosis: training questions left out of sampling, each call scored alone on gold inputs.
+    diagnose_questions: int = field(
+        default=90, metadata={"help": "unsampled training questions to score each call on (0: none)"}
+    )
     # Evaluation.
     test_questions: int = 150
     evals: list[str] = field(
@@ -239,6 +243,17 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
 
     _stage("single-step baseline", single_dir / "config.json", timings, single_step)
 
+    diagnosis = out / "call_accuracy.json"
+    validation = balanced_by_hops(world.train[cfg.sample_questions :], cfg.diagnose_questions)
+
+    def diagnose() -> None:
+        models = {"warm": warm, "corag": corag_dir}
+        scores = {name: call_accuracy(path, validation, corpus, retriever) for name, path in models.items()}
+        diagnosis.write_text(json.dumps(scores, indent=2))
+
+    if validation:
+        _stage("diagnose", diagnosis, timings, diagnose)
+
     results = evaluate_all(
         cfg,
         out,
@@ -249,6 +264,8 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         timings,
     )
     summary = {"config": asdict(cfg), "timings_s": timings, "results": results}
+    if diagnosis.exists():
+        summary["call_accuracy"] = json.loads(diagnosis.read_text())
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -270,6 +287,56 @@ def single_step_examples(examples: list, corpus: Any, retriever: Any) -> list[di
                 "completion": [{"role": "assistant", "content": example.answers[0]}],
             }
         )
+    return out
+
+
+def call_accuracy(model_dir: Path, questions: list, corpus: Any, retriever: Any) -> dict[str, dict]:
+    """Each call of a model scored alone on gold inputs, by hop count (teacher-forced exact match).
+
+    Call A gets the gold steps before it (`subquery_first`, `subquery_later`); call B a gold sub-query
+    over the passages the retriever returns for it (`subanswer`; `gold_passage_top1`: how often the
+    gold passage came first); call C the gold chain and the question's top passages (`final`).
+    `chain_product` multiplies a question's calls: what greedy decoding would score if they failed
+    independently. It shows which call limits the chains.
+    """
+    from statistics import mean
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from corag import prompts
+    from corag.warmstart import example, teacher_forced_correct
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+    def correct(task: str, messages: list, target: str) -> bool:
+        return teacher_forced_correct(model, tokenizer, example(task, "", messages, target))
+
+    steps = [(q, i, step) for q in questions for i, step in enumerate(q.decomposition)]
+    step_hits = retriever.search([step.subquery for _, _, step in steps], prompts.SUBANSWER_NUM_DOCS)
+    final_hits = retriever.search([q.query for q in questions], prompts.FINAL_NUM_DOCS)
+    scores: dict[int, dict[str, list[bool]]] = {}
+    for (q, i, step), hits in zip(steps, step_hits, strict=True):
+        by_key = scores.setdefault(int(q.meta["hops"]), {})
+        messages = prompts.subquery_messages(q.query, q.decomposition[:i], prompts.task_description(q.task))
+        key = "subquery_first" if i == 0 else "subquery_later"
+        by_key.setdefault(key, []).append(correct("subquery", messages, step.subquery))
+        doc_ids = [hit.doc_id for hit in hits]
+        by_key.setdefault("gold_passage_top1", []).append(doc_ids[0] == step.doc_ids[0])
+        messages = prompts.subanswer_messages(step.subquery, corpus.get_many(doc_ids))
+        by_key.setdefault("subanswer", []).append(correct("subanswer", messages, step.subanswer))
+    for q, hits in zip(questions, final_hits, strict=True):
+        passages = corpus.get_many([hit.doc_id for hit in hits])
+        messages = prompts.final_answer_messages(
+            q.query, q.decomposition, prompts.task_description(q.task), passages
+        )
+        scores[int(q.meta["hops"])].setdefault("final", []).append(correct("final", messages, q.answers[0]))
+    out = {}
+    for hops, by_key in sorted(scores.items()):
+        acc = {key: round(float(mean(values)), 3) for key, values in sorted(by_key.items())}
+        later = acc.get("subquery_later", 1.0) ** (hops - 1)
+        product = acc["subquery_first"] * later * acc["subanswer"] ** hops * acc["final"]
+        out[f"{hops}hop"] = {**acc, "chain_product": round(product, 4)}
     return out
 
 

@@ -446,6 +446,18 @@ def train_warm_start(
     return log
 
 
+def teacher_forced_correct(model: Any, tokenizer: Any, ex: dict[str, Any]) -> bool:
+    """Whether every target token of a prompt/completion example (and the end of turn) is the model's
+    top choice given the gold tokens before it: greedy decoding would write exactly the target."""
+    import torch
+
+    encoded = tokenize_example(tokenizer, ex["prompt"], ex["completion"])
+    ids, labels = (torch.tensor([encoded[k]]) for k in ("input_ids", "labels"))
+    with torch.inference_mode():
+        logits, targets = _labelled_logits(model, ids, labels)
+    return bool((logits.argmax(-1) == targets).all())
+
+
 def heldout_accuracy(
     model: Any, tokenizer: Any, worlds: WarmStartConfig, seed: int, per_task: int = 100
 ) -> dict[str, float]:
@@ -455,8 +467,6 @@ def heldout_accuracy(
     Call A is also split by step: `subquery_first` (the subject is copied from the main query) and
     `subquery_later` (the latest intermediate answer must be copied into the new sub-query).
     """
-    import torch
-
     keys_wanted = ("final", "subanswer", "subquery", "subquery_first", "subquery_later")
     groups: dict[str, list[dict[str, Any]]] = {}
     for world_seed in itertools.islice(iter_fresh_seeds(seed + 7_919_000), 50):
@@ -470,13 +480,9 @@ def heldout_accuracy(
         if all(len(groups.get(key, [])) == per_task for key in keys_wanted):
             break
     right: dict[str, bool] = {}  # by example id: a call A example is in two groups, scored once
-    with torch.inference_mode():
-        for ex in (ex for examples in groups.values() for ex in examples):
-            if ex["id"] not in right:
-                encoded = tokenize_example(tokenizer, ex["prompt"], ex["completion"])
-                ids, labels = (torch.tensor([encoded[k]]) for k in ("input_ids", "labels"))
-                logits, targets = _labelled_logits(model, ids, labels)
-                right[ex["id"]] = bool((logits.argmax(-1) == targets).all())
+    for ex in (ex for examples in groups.values() for ex in examples):
+        if ex["id"] not in right:
+            right[ex["id"]] = teacher_forced_correct(model, tokenizer, ex)
     return {
         key: round(sum(right[ex["id"]] for ex in examples) / len(examples), 3)
         for key, examples in sorted(groups.items())

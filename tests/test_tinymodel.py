@@ -71,8 +71,7 @@ def test_world_text_tokenizes_compactly(tiny_tokenizer, toy_world):
     # Trained on the world, the tokenizer spends about one token per word on its passages.
     text = " ".join(p.contents for p in toy_world.passages)
     n_tokens = len(tiny_tokenizer(text, add_special_tokens=False)["input_ids"])
-    # A space before a capitalised word is its own token (see train_tokenizer), hence above 1.5.
-    assert n_tokens < 2.0 * len(text.split())
+    assert n_tokens < 1.5 * len(text.split())
 
 
 def test_every_name_word_of_any_world_is_one_token(tiny_tokenizer):
@@ -80,16 +79,18 @@ def test_every_name_word_of_any_world_is_one_token(tiny_tokenizer):
         seed=123, num_entities=60, num_distractors=5, train_per_hop=1, test_per_hop=1
     )
     for entity in other_world.entities:
-        for text in (entity.name, f"of {entity.name}?"):
-            tokens = tiny_tokenizer.tokenize(text)
-            assert len([t for t in tokens if t.lstrip("Ġ").istitle()]) == len(entity.name.split()), tokens
+        *first, last = entity.name.split()
+        expected = [f"{word}Ġ" for word in first] + [last]  # each word of a name right after the one before
+        assert tiny_tokenizer.tokenize(entity.name) == expected
+        assert tiny_tokenizer.tokenize(f"of {entity.name}?")[-len(expected) - 1 :] == [*expected, "?"]
 
 
 def test_whole_words_become_single_tokens_even_when_rare():
     words = ["Zorblat", "Quenvix"]
     tok = train_tokenizer(["the cat sat on the mat"] * 5, vocab_size=300, words=words)
     for word in words:
-        assert tok.tokenize(word) == [word] and tok.tokenize(" " + word) == ["Ġ", word]
+        assert tok.tokenize(word) == [word] and tok.tokenize(f"{word} Quenvix") == [f"{word}Ġ", "Quenvix"]
+        assert tok.tokenize(f"met {word}")[-1] == word  # the space before a capital ends the piece before
     text = "Zorblat met Quenvix, then Zorblatz left."
     assert tok.decode(tok(text)["input_ids"]) == text
     plain = train_tokenizer(["the cat sat on the mat"] * 5, vocab_size=300)

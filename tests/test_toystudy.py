@@ -13,7 +13,7 @@ from corag.data.formats import load_multihopqa
 
 SMALL = [
     "--num_entities", "60", "--num_distractors", "15", "--train_per_hop", "8", "--test_per_hop", "2",
-    "--warm_pretrain_steps", "3", "--warm_reading_steps", "4", "--warm_mixed_steps", "6", "--sample_questions", "4", "--num_chains", "2", "--test_questions", "3",
+    "--warm_pretrain_steps", "3", "--warm_reading_steps", "4", "--warm_mixed_steps", "6", "--sample_questions", "4", "--num_chains", "2", "--test_questions", "3", "--diagnose_questions", "6",
     "--evals",
     "no_retrieval=corag@greedy:L=0:docs=0", "single_step=single_step@greedy:L=0",
     "corag_greedy=corag@greedy:L=1", "corag_best_of_2=corag@best_of_n:L=1:N=2",
@@ -28,13 +28,23 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
     assert quickstart.main(["--out_dir", str(out), *SMALL]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["timings_s"]) == {
-        "world", "warm-start", "index", "sample", "fine-tune", "single-step baseline", "evaluate"
+        "world", "warm-start", "index", "sample", "fine-tune", "single-step baseline", "diagnose", "evaluate"
     }  # fmt: skip
     assert json.loads((out / "index" / "manifest.json").read_text())["kind"] == "dense"
     chains = load_multihopqa(out / "chains.jsonl")  # the sampling output, in the released schema
     assert len(chains) == 4
     for model in ("warm", "corag", "single_step"):
         assert (out / "models" / model / "config.json").is_file()
+    # Each call scored alone on unsampled training questions (two per hop count), for both models.
+    calls = summary["call_accuracy"]
+    assert set(calls) == {"warm", "corag"}
+    for model, by_hops in calls.items():
+        assert set(by_hops) == {"2hop", "3hop", "4hop"}, model
+        for hops, accuracy in by_hops.items():
+            keys = {"subquery_first", "subanswer", "final", "gold_passage_top1", "chain_product"}
+            assert keys | {"subquery_later"} == set(accuracy), (model, hops)
+            assert all(0.0 <= v <= 1.0 for v in accuracy.values()), (model, hops)
+            assert accuracy["gold_passage_top1"] >= 0.5  # MiniLM finds a sub-query's own passage
     results = summary["results"]
     assert list(results) == ["no_retrieval", "single_step", "corag_greedy", "corag_best_of_2", "corag_tree",
                              "ircot", "searchain"]  # fmt: skip
