@@ -6,7 +6,8 @@ training questions, the warm model is fine-tuned on them (CoRAG) and, with the s
 steps, on the question's top documents alone (the single-step baseline), and every method is
 evaluated on held-out questions (entities never seen in training questions). The seeds run as
 parallel processes (`--jobs`, one thread each by default). Prints EM on 3-hop questions and tokens per
-question by method, mean and spread over seeds; the last line is JSON.
+question by method, mean and spread over seeds, and each call's accuracy on gold inputs (the study's
+diagnosis); the last line is JSON.
 
     python benchmarks/toyworld.py [--config STUDY.yaml] [--seeds 0 1 2] [--jobs 3] [--out runs/toyworld]
 
@@ -97,15 +98,12 @@ def main() -> None:
 
 def call_accuracy_3hop(summaries: list[dict]) -> dict[str, dict[str, float]]:
     """Each call's accuracy on gold inputs, 3-hop validation questions, mean over seeds, by model."""
-    scored = [s["call_accuracy"] for s in summaries if "3hop" in s.get("call_accuracy", {}).get("corag", {})]
-    if not scored:
+    scored = [s["call_accuracy"] for s in summaries if "call_accuracy" in s]
+    if not scored or any("3hop" not in by_hops for by_hops in scored[0].values()):
         return {}
     return {
-        model: {
-            key: round(statistics.fmean(s[model]["3hop"][key] for s in scored), 4)
-            for key in scored[0][model]["3hop"]
-        }
-        for model in scored[0]
+        model: {key: round(statistics.fmean(s[model]["3hop"][key] for s in scored), 4) for key in first}
+        for model, first in ((model, by_hops["3hop"]) for model, by_hops in scored[0].items())
     }
 
 

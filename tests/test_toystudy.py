@@ -75,3 +75,11 @@ def test_a_bad_curriculum_entry_is_one_clear_error(tmp_path):
     with pytest.raises(InputError, match="warm_curriculum.*'reading=0.5'"):
         quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--warm_curriculum", "reading=0.5"])
     assert not (tmp_path / "qs").exists()  # rejected before anything is written
+
+
+def test_a_negative_number_of_diagnosis_questions_is_one_clear_error(tmp_path):
+    from corag.errors import InputError
+
+    with pytest.raises(InputError, match="diagnose_questions.*-1"):
+        quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--diagnose_questions", "-1"])
+    assert not (tmp_path / "qs").exists()
