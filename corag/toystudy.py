@@ -64,6 +64,9 @@ class StudyConfig:
     warm_reading_steps: int = field(
         default=2000, metadata={"help": "optimiser steps of the curriculum (reading from one passage)"}
     )
+    warm_final_steps: int = field(
+        default=400, metadata={"help": "optimiser steps on the final answer call alone, before the mix"}
+    )
     warm_mixed_steps: int = field(
         default=3500, metadata={"help": "optimiser steps on all three calls, reading from 5 passages"}
     )
@@ -157,6 +160,7 @@ def warm_start(cfg: StudyConfig, warm: Path) -> None:
     schedule = WarmTrainConfig(
         pretrain_steps=cfg.warm_pretrain_steps,
         reading_steps=cfg.warm_reading_steps,
+        final_steps=cfg.warm_final_steps,
         mixed_steps=cfg.warm_mixed_steps,
         curriculum=tuple(_share(item) for item in cfg.warm_curriculum),
         batch_tokens=cfg.warm_batch_tokens,

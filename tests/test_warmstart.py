@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -143,6 +144,30 @@ def test_final_examples_show_the_whole_gold_chain_and_answer_it(world, retriever
     assert 0 < with_docs < len(examples)
 
 
+def test_one_hop_chains_teach_the_final_answer_but_not_call_a():
+    world_seed, config = fresh_seeds(3, 1)[0], replace(CONFIG, final_per_world=20)
+    examples = world_examples(world_seed, config)
+    world = generate_world(
+        seed=world_seed,
+        num_entities=config.num_entities,
+        num_distractors=config.num_distractors,
+        train_per_hop=max(config.subquery_questions_per_world, config.final_per_world),
+        test_per_hop=1,
+        hops=(1, 2, 3, 4),
+    )
+    hops = {ex.id: ex.meta["hops"] for ex in world.train}
+    final_hops = {hops[e["id"].rsplit("/", 1)[0]] for e in examples if e["task"] == "final"}
+    call_a_hops = {hops[e["id"].rsplit("/", 2)[0]] for e in examples if e["task"] == "subquery"}
+    assert 1 in final_hops and final_hops <= {1, 2, 3, 4}
+    assert call_a_hops and min(call_a_hops) >= 2
+    for e in examples:
+        if e["task"] == "final" and hops[e["id"].rsplit("/", 1)[0]] == 1:
+            # The one intermediate answer is the answer.
+            content = e["prompt"][0]["content"]
+            assert f"Intermediate answer 1: {e['completion'][0]['content']}\n" in content
+            assert "Intermediate answer 2" not in content
+
+
 def test_fresh_worlds_never_reuse_an_excluded_seed_and_differ_from_the_target():
     first = fresh_seeds(0, 5)
     assert len(set(first)) == 5 and fresh_seeds(0, 5) == first and fresh_seeds(1, 5) != first
@@ -237,10 +262,12 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
     schedule = WarmTrainConfig(
         pretrain_steps=8,
         reading_steps=12,
+        final_steps=4,
         mixed_steps=6,
         reading_batch_tokens=600,
         batch_tokens=1200,
         tuning_learning_rate=1e-3,
+        final_learning_rate=3e-4,
         warmup_steps=2,
         seed=1,
     )
@@ -255,15 +282,17 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
         runs.append((before, after, log, model.state_dict()))
     (before, after, log, weights), (_, after2, log2, weights2) = runs
     assert after < before - 0.5  # a random model's loss on unseen worlds falls
-    assert [p["steps"] for p in log["phases"]] == [8, 12, 6]
-    assert [p["reading_docs"] for p in log["phases"]] == [[1], [1], [5]]
-    assert [p["learning_rate"] for p in log["phases"]] == [2e-3, 1e-3, 1e-3]
+    assert [p["steps"] for p in log["phases"]] == [8, 12, 4, 6]
+    assert [p["reading_docs"] for p in log["phases"]] == [[1], [1], [5], [5]]
+    assert [p["learning_rate"] for p in log["phases"]] == [2e-3, 1e-3, 3e-4, 1e-3]
     assert [p["prompt_loss"] for p in log["phases"]] == [
         ["subanswer", "subquery"],
         ["subquery"],
+        [],
         ["subquery"],
     ]
-    assert set(log["phases"][2]["final_loss"]) <= {"subanswer", "subquery", "final"}
+    assert set(log["phases"][2]["final_loss"]) == {"final"}  # the answer call alone
+    assert set(log["phases"][3]["final_loss"]) <= {"subanswer", "subquery", "final"}
     assert after2 == after and log2 == log
     assert all(torch.equal(weights[k], weights2[k]) for k in weights)
     accuracy = heldout_accuracy(model, tiny_tokenizer, SMALL_WORLDS, seed=3, per_task=5)
@@ -272,14 +301,17 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
 
 
 def test_phases_build_only_the_tasks_they_train():
-    reading_only = WarmTrainConfig(pretrain_steps=0, curriculum=(("subanswer", 1.0),))
-    curriculum, mixed = reading_only.phases()  # no pretraining phase when it has no steps
+    reading_only = WarmTrainConfig(pretrain_steps=0, final_steps=0, curriculum=(("subanswer", 1.0),))
+    curriculum, mixed = reading_only.phases()  # a phase without steps is left out
     assert curriculum.reading_docs == (1,) and mixed.reading_docs == (5,)
     first = curriculum.world_config(SMALL_WORLDS)
     assert first.reading_per_world > 0 and first.subquery_questions_per_world == first.final_per_world == 0
     second = mixed.world_config(SMALL_WORLDS)
     assert second.reading_per_world and second.subquery_questions_per_world and second.final_per_world
-    pretrain, curriculum, _ = WarmTrainConfig().phases()
+    pretrain, curriculum, final, _ = WarmTrainConfig().phases()
+    answer_only = final.world_config(SMALL_WORLDS)
+    assert answer_only.final_per_world > 0
+    assert answer_only.reading_per_world == answer_only.subquery_questions_per_world == 0
     assert set(pretrain.prompt_loss) == {task for task, _ in pretrain.weights}  # every token of every task
     assert pretrain.learning_rate > curriculum.learning_rate
     built = curriculum.world_config(SMALL_WORLDS)
