@@ -148,21 +148,26 @@ def _readable(fact: Example, passages: Sequence[Passage]) -> bool:
     return sum(sentence in p.contents for p in passages) == 1 and step.doc_ids[0] in {p.id for p in passages}
 
 
+def _with_hops(world: ToyWorld, hops: Collection[int] | None) -> list[Example]:
+    """The world's training questions with a hop count in `hops` (all when None)."""
+    return [ex for ex in world.train if hops is None or ex.meta["hops"] in hops]
+
+
 def subquery_examples(
     world: ToyWorld,
     rng: random.Random,
     questions: int,
     repeat_when_done: bool = False,
-    hops: Collection[int] = (2, 3, 4),
+    hops: Collection[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Call A examples: for each step i of a gold decomposition, the steps before i -> sub-query i.
 
     With `repeat_when_done`, the finished chain -> its last sub-query again. Decoding discards a repeated
     sub-query and retries, so a model that repeats once it is done ends its chain with the gold steps
     instead of adding steps that the final answer would have to look past. Questions come from those
-    with a hop count in `hops`.
+    with a hop count in `hops` (all when None).
     """
-    pool = [ex for ex in world.train if ex.meta["hops"] in hops]
+    pool = _with_hops(world, hops)
     out = []
     for ex in rng.sample(pool, min(questions, len(pool))):
         steps = ex.decomposition
@@ -179,11 +184,11 @@ def final_examples(
     rng: random.Random,
     count: int,
     num_docs: Sequence[int] = (0, 20),
-    hops: Collection[int] = (1, 2, 3, 4),
+    hops: Collection[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Call C examples: the whole gold chain (and the question's top passages), target the answer;
-    questions come from those with a hop count in `hops`."""
-    pool = [ex for ex in world.train if ex.meta["hops"] in hops]
+    questions come from those with a hop count in `hops` (all when None)."""
+    pool = _with_hops(world, hops)
     chosen = rng.sample(pool, min(count, len(pool)))
     sizes = [rng.choice(num_docs) for _ in chosen]
     by_id = {p.id: p for p in world.passages}

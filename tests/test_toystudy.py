@@ -13,7 +13,7 @@ from corag.data.formats import load_multihopqa
 
 SMALL = [
     "--num_entities", "60", "--num_distractors", "15", "--train_per_hop", "8", "--test_per_hop", "2",
-    "--warm_pretrain_steps", "3", "--warm_reading_steps", "4", "--warm_mixed_steps", "6", "--sample_questions", "4", "--num_chains", "2", "--test_questions", "3", "--diagnose_questions", "6",
+    "--warm_pretrain_steps", "3", "--warm_reading_steps", "4", "--warm_final_steps", "3", "--warm_mixed_steps", "6", "--sample_questions", "4", "--num_chains", "2", "--test_questions", "3", "--diagnose_questions", "6",
     "--evals",
     "no_retrieval=corag@greedy:L=0:docs=0", "single_step=single_step@greedy:L=0",
     "corag_greedy=corag@greedy:L=1", "corag_best_of_2=corag@best_of_n:L=1:N=2",

@@ -20,6 +20,7 @@ from corag.warmstart import (
     completion_loss,
     final_examples,
     fresh_seeds,
+    fresh_world,
     heldout_accuracy,
     iter_examples,
     iter_fresh_seeds,
@@ -147,15 +148,7 @@ def test_final_examples_show_the_whole_gold_chain_and_answer_it(world, retriever
 def test_one_hop_chains_teach_the_final_answer_but_not_call_a():
     world_seed, config = fresh_seeds(3, 1)[0], replace(CONFIG, final_per_world=20)
     examples = world_examples(world_seed, config)
-    world = generate_world(
-        seed=world_seed,
-        num_entities=config.num_entities,
-        num_distractors=config.num_distractors,
-        train_per_hop=max(config.subquery_questions_per_world, config.final_per_world),
-        test_per_hop=1,
-        hops=(1, 2, 3, 4),
-    )
-    hops = {ex.id: ex.meta["hops"] for ex in world.train}
+    hops = {ex.id: ex.meta["hops"] for ex in fresh_world(world_seed, config).train}
     final_hops = {hops[e["id"].rsplit("/", 1)[0]] for e in examples if e["task"] == "final"}
     call_a_hops = {hops[e["id"].rsplit("/", 2)[0]] for e in examples if e["task"] == "subquery"}
     assert 1 in final_hops and final_hops <= {1, 2, 3, 4}
