@@ -112,8 +112,15 @@ class StudyConfig:
     def __post_init__(self) -> None:
         for item in self.warm_curriculum:  # a bad entry fails here, not after the world is built
             _share(item)
-        if self.diagnose_questions < 0:
-            raise InputError(f"must be 0 or more, got {self.diagnose_questions}", field="diagnose_questions")
+        for name in (
+            "diagnose_questions",
+            "warm_pretrain_steps",
+            "warm_reading_steps",
+            "warm_final_steps",
+            "warm_mixed_steps",
+        ):
+            if getattr(self, name) < 0:
+                raise InputError(f"must be 0 or more, got {getattr(self, name)}", field=name)
 
 
 def _stage(name: str, done: Path, timings: dict[str, float], fn: Callable[[], Any]) -> None:

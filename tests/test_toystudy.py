@@ -83,3 +83,6 @@ def test_a_negative_number_of_diagnosis_questions_is_one_clear_error(tmp_path):
     with pytest.raises(InputError, match="diagnose_questions.*-1"):
         quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--diagnose_questions", "-1"])
     assert not (tmp_path / "qs").exists()
+    with pytest.raises(InputError, match="warm_final_steps.*-2"):
+        quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--warm_final_steps", "-2"])
+    assert not (tmp_path / "qs").exists()
