@@ -77,7 +77,7 @@ def test_a_bad_curriculum_entry_is_one_clear_error(tmp_path):
     assert not (tmp_path / "qs").exists()  # rejected before anything is written
 
 
-def test_a_negative_number_of_diagnosis_questions_is_one_clear_error(tmp_path):
+def test_a_negative_count_is_one_clear_error_naming_its_field(tmp_path):
     from corag.errors import InputError
 
     with pytest.raises(InputError, match="diagnose_questions.*-1"):

@@ -149,12 +149,14 @@ def test_one_hop_chains_teach_the_final_answer_but_not_call_a():
     world_seed, config = fresh_seeds(3, 1)[0], replace(CONFIG, final_per_world=20)
     examples = world_examples(world_seed, config)
     hops = {ex.id: ex.meta["hops"] for ex in fresh_world(world_seed, config).train}
-    final_hops = {hops[e["id"].rsplit("/", 1)[0]] for e in examples if e["task"] == "final"}
-    call_a_hops = {hops[e["id"].rsplit("/", 2)[0]] for e in examples if e["task"] == "subquery"}
+    # Ids are <question>/<task>[/<step>]; reading examples come from single-hop facts, not questions.
+    hops_of = {e["id"]: hops[e["id"].split("/")[0]] for e in examples if e["task"] != "subanswer"}
+    final_hops = {hops_of[e["id"]] for e in examples if e["task"] == "final"}
+    call_a_hops = {hops_of[e["id"]] for e in examples if e["task"] == "subquery"}
     assert 1 in final_hops and final_hops <= {1, 2, 3, 4}
     assert call_a_hops and min(call_a_hops) >= 2
     for e in examples:
-        if e["task"] == "final" and hops[e["id"].rsplit("/", 1)[0]] == 1:
+        if e["task"] == "final" and hops_of[e["id"]] == 1:
             # The one intermediate answer is the answer.
             content = e["prompt"][0]["content"]
             assert f"Intermediate answer 1: {e['completion'][0]['content']}\n" in content
