@@ -112,11 +112,16 @@ def build_tiny_model(
     hidden_size: int = 128,
     num_layers: int = 2,
     num_heads: int = 2,
+    head_dim: int | None = None,
     intermediate_size: int = 512,
     max_position_embeddings: int = 2048,
     seed: int = 0,
 ) -> PreTrainedModel:
-    """A randomly initialised causal LM sized for CPU training (head_dim 64, as vLLM requires)."""
+    """A randomly initialised causal LM sized for CPU training.
+
+    `head_dim` defaults to hidden_size // num_heads (64 with the defaults, as vLLM requires); a larger
+    one makes the attention wider than the residual stream.
+    """
     # The vocabulary must cover the largest id, which can exceed len(vocab) after training.
     vocab_size = max(tokenizer.get_vocab().values()) + 1
     common = dict(
@@ -126,7 +131,7 @@ def build_tiny_model(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads,
-        head_dim=hidden_size // num_heads,
+        head_dim=head_dim or hidden_size // num_heads,
         max_position_embeddings=max_position_embeddings,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

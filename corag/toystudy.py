@@ -87,6 +87,9 @@ class StudyConfig:
     model_hidden_size: int = 128
     model_layers: int = 2
     model_heads: int = 4
+    model_head_dim: int | None = field(
+        default=None, metadata={"help": "attention head size (default: model_hidden_size / model_heads)"}
+    )
     # Retrieval.
     retriever: str = field(default="minilm", metadata={"help": "minilm (dense) or bm25"})
     # Rejection sampling.
@@ -95,6 +98,9 @@ class StudyConfig:
     max_length: int = 3
     # Fine-tuning (CoRAG and the single-step baseline share the config and the number of steps).
     sft_config: str = "configs/toy/sft.yaml"
+    sft_epochs: float | None = field(
+        default=None, metadata={"help": "overrides num_train_epochs of sft_config (CoRAG fine-tuning)"}
+    )
     # Diagnosis: training questions left out of sampling, each call scored alone on gold inputs.
     diagnose_questions: int = field(
         default=90, metadata={"help": "unsampled training questions to score each call on (0: none)"}
@@ -121,6 +127,9 @@ class StudyConfig:
         ):
             if getattr(self, name) < 0:
                 raise InputError(f"must be 0 or more, got {getattr(self, name)}", field=name)
+        for name in ("model_head_dim", "sft_epochs"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise InputError(f"must be more than 0, got {getattr(self, name)}", field=name)
 
 
 def _stage(name: str, done: Path, timings: dict[str, float], fn: Callable[[], Any]) -> None:
@@ -162,7 +171,11 @@ def warm_start(cfg: StudyConfig, warm: Path) -> None:
 
     tokenizer = train_tokenizer(tokenizer_texts(None), words=name_pool())
     model = build_tiny_model(
-        tokenizer, hidden_size=cfg.model_hidden_size, num_layers=cfg.model_layers, num_heads=cfg.model_heads
+        tokenizer,
+        hidden_size=cfg.model_hidden_size,
+        num_layers=cfg.model_layers,
+        num_heads=cfg.model_heads,
+        head_dim=cfg.model_head_dim,
     )
     schedule = WarmTrainConfig(
         pretrain_steps=cfg.warm_pretrain_steps,
@@ -235,14 +248,14 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     _stage("sample", chains, timings, sample)
 
     corag_dir = out / "models" / "corag"
+    corag_extra = [f"--seed={cfg.seed}"]
+    corag_extra += [f"--num_train_epochs={cfg.sft_epochs}"] if cfg.sft_epochs is not None else []
     data = {"corpus": str(out / "world" / "corpus.jsonl"), "index": str(index)}
     _stage(
         "fine-tune",
         corag_dir / "config.json",
         timings,
-        lambda: train(
-            cfg.sft_config, warm, corag_dir, {**data, "chains": str(chains)}, [f"--seed={cfg.seed}"]
-        ),
+        lambda: train(cfg.sft_config, warm, corag_dir, {**data, "chains": str(chains)}, corag_extra),
     )
 
     single_dir = out / "models" / "single_step"

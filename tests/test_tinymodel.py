@@ -106,6 +106,18 @@ def test_build_is_deterministic_per_seed(tiny_tokenizer):
     assert c.config.model_type == "qwen2" and c.config.head_dim == 64
 
 
+def test_a_head_size_wider_than_the_residual_stream_saves_and_reloads(tiny_tokenizer, tmp_path):
+    from corag.tinymodel import save_tiny
+
+    model = build_tiny_model(tiny_tokenizer, hidden_size=64, num_heads=4, head_dim=32, intermediate_size=128)
+    attention = model.model.layers[0].self_attn
+    assert (attention.q_proj.out_features, attention.o_proj.in_features) == (128, 128)
+    reloaded = AutoModelForCausalLM.from_pretrained(save_tiny(tmp_path, model, tiny_tokenizer))
+    ids = torch.tensor([tiny_tokenizer("The director of Kavo Ralu is")["input_ids"]])
+    with torch.inference_mode():
+        assert torch.allclose(model(input_ids=ids).logits, reloaded(input_ids=ids).logits)
+
+
 def test_a_tokenizer_trained_without_a_world_still_knows_the_prompt_words(tiny_tokenizer):
     from corag.data.toyworld import name_pool, tokenizer_texts
 

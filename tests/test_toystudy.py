@@ -14,6 +14,7 @@ from corag.data.formats import load_multihopqa
 SMALL = [
     "--num_entities", "60", "--num_distractors", "15", "--train_per_hop", "8", "--test_per_hop", "2",
     "--warm_pretrain_steps", "3", "--warm_reading_steps", "4", "--warm_final_steps", "3", "--warm_mixed_steps", "6", "--sample_questions", "4", "--num_chains", "2", "--test_questions", "3", "--diagnose_questions", "6",
+    "--model_head_dim", "64", "--sft_epochs", "2",
     "--evals",
     "no_retrieval=corag@greedy:L=0:docs=0", "single_step=single_step@greedy:L=0",
     "corag_greedy=corag@greedy:L=1", "corag_best_of_2=corag@best_of_n:L=1:N=2",
@@ -35,6 +36,9 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
     assert len(chains) == 4
     for model in ("warm", "corag", "single_step"):
         assert (out / "models" / model / "config.json").is_file()
+    warm = json.loads((out / "models" / "warm" / "config.json").read_text())
+    assert (warm["num_attention_heads"], warm["head_dim"], warm["hidden_size"]) == (4, 64, 128)
+    assert json.loads((out / "models" / "corag" / "trainer_state.json").read_text())["num_train_epochs"] == 2
     # Each call scored alone on unsampled training questions (two per hop count), for both models.
     calls = summary["call_accuracy"]
     assert set(calls) == {"warm", "corag"}
@@ -77,7 +81,7 @@ def test_a_bad_curriculum_entry_is_one_clear_error(tmp_path):
     assert not (tmp_path / "qs").exists()  # rejected before anything is written
 
 
-def test_a_negative_count_is_one_clear_error_naming_its_field(tmp_path):
+def test_an_out_of_range_setting_is_one_clear_error_naming_its_field(tmp_path):
     from corag.errors import InputError
 
     with pytest.raises(InputError, match="diagnose_questions.*-1"):
@@ -85,4 +89,7 @@ def test_a_negative_count_is_one_clear_error_naming_its_field(tmp_path):
     assert not (tmp_path / "qs").exists()
     with pytest.raises(InputError, match="warm_final_steps.*-2"):
         quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--warm_final_steps", "-2"])
+    assert not (tmp_path / "qs").exists()
+    with pytest.raises(InputError, match="sft_epochs.*0"):
+        quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--sft_epochs", "0"])
     assert not (tmp_path / "qs").exists()
