@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from corag.data.toyworld import generate_world
 from corag.prompts import subanswer_messages
-from corag.tinymodel import END, build_tiny_model, train_tokenizer
+from corag.tinymodel import END, build_tiny_model, save_tiny, train_tokenizer
 
 
 def test_folder_loads_offline_and_runs(tiny_model_dir):
@@ -107,8 +107,6 @@ def test_build_is_deterministic_per_seed(tiny_tokenizer):
 
 
 def test_a_head_size_wider_than_the_residual_stream_saves_and_reloads(tiny_tokenizer, tmp_path):
-    from corag.tinymodel import save_tiny
-
     model = build_tiny_model(tiny_tokenizer, hidden_size=64, num_heads=4, head_dim=32, intermediate_size=128)
     attention = model.model.layers[0].self_attn
     assert (attention.q_proj.out_features, attention.o_proj.in_features) == (128, 128)
