@@ -114,6 +114,13 @@ class StudyConfig:
     ircot_demonstrations: int = 4
     budget: int | None = None
     max_active: int = 64
+    dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "of sampling, fine-tuning (bf16 autocast) and evaluation (bf16 weights): float32, "
+            "bfloat16, or auto (bfloat16 on a GPU or a CPU with AMX); the warm start is float32"
+        },
+    )
 
     def __post_init__(self) -> None:
         for item in self.warm_curriculum:  # a bad entry fails here, not after the world is built
@@ -127,9 +134,22 @@ class StudyConfig:
         ):
             if getattr(self, name) < 0:
                 raise InputError(f"must be 0 or more, got {getattr(self, name)}", field=name)
+        if self.dtype not in ("auto", "bfloat16", "float32"):
+            raise InputError(f"expected auto, bfloat16 or float32, got {self.dtype!r}", field="dtype")
         for name in ("model_head_dim", "sft_epochs"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise InputError(f"must be more than 0, got {getattr(self, name)}", field=name)
+
+
+def compute_dtype(name: str) -> str:
+    """The study's dtype setting resolved: `auto` is bfloat16 where its matrix products are fast (a
+    GPU, or a CPU with AMX tiles), else float32."""
+    import torch
+
+    if name != "auto":
+        return name
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return "bfloat16" if torch.cuda.is_available() or amx else "float32"
 
 
 def _stage(name: str, done: Path, timings: dict[str, float], fn: Callable[[], Any]) -> None:
@@ -210,6 +230,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
+    dtype = compute_dtype(cfg.dtype)
     world = generate_world(
         seed=cfg.seed,
         num_entities=cfg.num_entities,
@@ -240,7 +261,12 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         config = SamplingConfig(num_chains=cfg.num_chains, max_length=cfg.max_length, seed=cfg.seed)
         partial = out / "chains.partial.jsonl"
         summary = run_sampling(
-            world.train[: cfg.sample_questions], corpus, load_lm(warm), retriever, config, partial
+            world.train[: cfg.sample_questions],
+            corpus,
+            load_lm(warm, dtype=dtype),
+            retriever,
+            config,
+            partial,
         )
         (out / "sampling_summary.json").write_text(json.dumps(summary, indent=2))
         partial.rename(chains)
@@ -248,7 +274,8 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     _stage("sample", chains, timings, sample)
 
     corag_dir = out / "models" / "corag"
-    corag_extra = [f"--seed={cfg.seed}"]
+    bf16 = ["--bf16", str(dtype == "bfloat16").lower()]  # two words: the recipe looks for "--bf16"
+    corag_extra = [f"--seed={cfg.seed}", *bf16]
     corag_extra += [f"--num_train_epochs={cfg.sft_epochs}"] if cfg.sft_epochs is not None else []
     data = {"corpus": str(out / "world" / "corpus.jsonl"), "index": str(index)}
     _stage(
@@ -264,7 +291,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         examples = out / "single_step_examples.jsonl"
         write_jsonl(examples, single_step_examples(world.train[: cfg.sample_questions], corpus, retriever))
         steps = json.loads((corag_dir / "trainer_state.json").read_text())["global_step"]
-        extra = [f"--seed={cfg.seed}", f"--max_steps={steps}"]
+        extra = [f"--seed={cfg.seed}", f"--max_steps={steps}", *bf16]
         train(cfg.sft_config, warm, single_dir, {"examples": str(examples)}, extra)
 
     _stage("single-step baseline", single_dir / "config.json", timings, single_step)
@@ -284,12 +311,13 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         cfg,
         out,
         {"warm": warm, "corag": corag_dir, "single_step": single_dir},
+        dtype,
         world,
         corpus,
         retriever,
         timings,
     )
-    summary = {"config": asdict(cfg), "timings_s": timings, "results": results}
+    summary = {"config": asdict(cfg), "dtype": dtype, "timings_s": timings, "results": results}
     if diagnosis.exists():
         summary["call_accuracy"] = json.loads(diagnosis.read_text())
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -384,6 +412,7 @@ def evaluate_all(
     cfg: StudyConfig,
     out: Path,
     models: dict[str, Path],
+    dtype: str,
     world: Any,
     corpus: Any,
     retriever: Any,
@@ -407,7 +436,7 @@ def evaluate_all(
         model, _, spec = rest.partition("@")
         (run,) = parse_runs([spec])
         if model not in lms:  # each model loaded once, however many runs use it
-            lms[model] = load_lm(models[model])
+            lms[model] = load_lm(models[model], dtype=dtype)
         lm = lms[model]
         path = out / "eval" / label / "predictions.jsonl"
         extra = {"demonstrations": demos} if run.method in ("ircot", "one_step", "no_retrieval") else {}

@@ -70,13 +70,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[DataArguments, SFTConfig,
         # bf16 where the device has it: configs written for GPUs also run (in fp32) on CPU.
         logger.warning("bf16 is not available on this device; training in fp32")
         argv += ["--bf16", "false"]
-    if (
-        int(os.environ.get("WORLD_SIZE", "1")) > 1
-        and not torch.cuda.is_available()
-        and "--use_cpu" not in argv
-    ):
+    bf16_on_cpu = "--bf16" in argv and argv[argv.index("--bf16") + 1 :][:1] == ["true"]
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if (several or bf16_on_cpu) and not torch.cuda.is_available() and "--use_cpu" not in argv:
         # Several processes without GPUs (`accelerate launch --multi_gpu` on CPU): DDP over gloo needs use_cpu,
-        # else each process trains alone.
+        # else each process trains alone. bf16 autocast on a CPU (fast with AMX) also needs it.
         argv += ["--use_cpu", "true"]
     try:
         data_args, sft_args, model_args = parser.parse_args_and_config(args=argv)

@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from corag import quickstart
 from corag.data.formats import load_multihopqa
+from corag.toystudy import compute_dtype
 
 SMALL = [
     "--num_entities", "60", "--num_distractors", "15", "--train_per_hop", "8", "--test_per_hop", "2",
     "--warm_pretrain_steps", "3", "--warm_reading_steps", "4", "--warm_final_steps", "3", "--warm_mixed_steps", "6", "--sample_questions", "4", "--num_chains", "2", "--test_questions", "3", "--diagnose_questions", "6",
-    "--model_head_dim", "64", "--sft_epochs", "2",
+    "--model_head_dim", "64", "--sft_epochs", "2", "--dtype", "bfloat16",
     "--evals",
     "no_retrieval=corag@greedy:L=0:docs=0", "single_step=single_step@greedy:L=0",
     "corag_greedy=corag@greedy:L=1", "corag_best_of_2=corag@best_of_n:L=1:N=2",
@@ -39,6 +41,11 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
     warm = json.loads((out / "models" / "warm" / "config.json").read_text())
     assert (warm["num_attention_heads"], warm["head_dim"], warm["hidden_size"]) == (4, 64, 128)
     assert json.loads((out / "models" / "corag" / "trainer_state.json").read_text())["num_train_epochs"] == 2
+    # bfloat16 on request, on any CPU: autocast in both fine-tunings (weights saved in float32).
+    assert summary["dtype"] == "bfloat16"
+    for model in ("corag", "single_step"):
+        assert torch.load(out / "models" / model / "training_args.bin", weights_only=False).bf16, model
+        assert json.loads((out / "models" / model / "config.json").read_text())["dtype"] == "float32"
     # Each call scored alone on unsampled training questions (two per hop count), for both models.
     calls = summary["call_accuracy"]
     assert set(calls) == {"warm", "corag"}
@@ -93,3 +100,15 @@ def test_an_out_of_range_setting_is_one_clear_error_naming_its_field(tmp_path):
     with pytest.raises(InputError, match="sft_epochs.*0"):
         quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--sft_epochs", "0"])
     assert not (tmp_path / "qs").exists()
+    with pytest.raises(InputError, match="dtype.*float16"):
+        quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--dtype", "float16"])
+    assert not (tmp_path / "qs").exists()
+
+
+@pytest.mark.parametrize(("cuda", "amx", "expected"), [(False, True, "bfloat16"), (False, False, "float32"),
+                                                       (True, False, "bfloat16")])  # fmt: skip
+def test_auto_dtype_is_bfloat16_only_where_its_products_are_fast(monkeypatch, cuda, amx, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert compute_dtype("auto") == expected
+    assert compute_dtype("float32") == "float32"  # an explicit setting is kept

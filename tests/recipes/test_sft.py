@@ -125,6 +125,15 @@ def test_shipped_configs_parse(name):
     assert model.use_peft == name.endswith("lora")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU does")
+def test_bf16_on_request_trains_on_the_cpu_in_autocast():
+    config = str(REPO / "configs/sft/toy.yaml")
+    _, sft, _ = load_recipe().parse_args(["--config", config, "--bf16", "true"])
+    assert sft.bf16 and sft.use_cpu
+    _, sft, _ = load_recipe().parse_args(["--config", config])
+    assert not sft.bf16 and not sft.use_cpu
+
+
 def test_bad_chain_record_stops_the_recipe(tmp_path, toy_run):
     recipe = load_recipe()
     lines = Path(toy_run["chains"]).read_text().splitlines()
