@@ -311,7 +311,6 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         cfg,
         out,
         {"warm": warm, "corag": corag_dir, "single_step": single_dir},
-        dtype,
         world,
         corpus,
         retriever,
@@ -412,7 +411,6 @@ def evaluate_all(
     cfg: StudyConfig,
     out: Path,
     models: dict[str, Path],
-    dtype: str,
     world: Any,
     corpus: Any,
     retriever: Any,
@@ -436,7 +434,7 @@ def evaluate_all(
         model, _, spec = rest.partition("@")
         (run,) = parse_runs([spec])
         if model not in lms:  # each model loaded once, however many runs use it
-            lms[model] = load_lm(models[model], dtype=dtype)
+            lms[model] = load_lm(models[model], dtype=compute_dtype(cfg.dtype))
         lm = lms[model]
         path = out / "eval" / label / "predictions.jsonl"
         extra = {"demonstrations": demos} if run.method in ("ircot", "one_step", "no_retrieval") else {}

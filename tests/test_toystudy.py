@@ -88,20 +88,15 @@ def test_a_bad_curriculum_entry_is_one_clear_error(tmp_path):
     assert not (tmp_path / "qs").exists()  # rejected before anything is written
 
 
-def test_an_out_of_range_setting_is_one_clear_error_naming_its_field(tmp_path):
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("diagnose_questions", "-1"), ("warm_final_steps", "-2"), ("sft_epochs", "0"), ("dtype", "float16")],
+)
+def test_an_out_of_range_setting_is_one_clear_error_naming_its_field(tmp_path, field, value):
     from corag.errors import InputError
 
-    with pytest.raises(InputError, match="diagnose_questions.*-1"):
-        quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--diagnose_questions", "-1"])
-    assert not (tmp_path / "qs").exists()
-    with pytest.raises(InputError, match="warm_final_steps.*-2"):
-        quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--warm_final_steps", "-2"])
-    assert not (tmp_path / "qs").exists()
-    with pytest.raises(InputError, match="sft_epochs.*0"):
-        quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--sft_epochs", "0"])
-    assert not (tmp_path / "qs").exists()
-    with pytest.raises(InputError, match="dtype.*float16"):
-        quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, "--dtype", "float16"])
+    with pytest.raises(InputError, match=f"{field}.*{value}"):
+        quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, f"--{field}", value])
     assert not (tmp_path / "qs").exists()
 
 
