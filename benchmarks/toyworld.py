@@ -35,6 +35,7 @@ METHODS = [
     "no_retrieval",
     "single_step",
     "corag_greedy",
+    "warm_greedy",
     "corag_best_of_4",
     "corag_tree",
     "ircot",

@@ -128,8 +128,13 @@ def parse_chain(obj: Mapping[str, Any], *, file: str | None = None, line: int | 
     )
 
 
-def load_chains(path: str | Path) -> list[ChainRecord]:
-    """Read chain records from JSONL; errors name the file, line and record."""
+def load_chains(path: str | Path, min_score: float | None = None) -> list[ChainRecord]:
+    """Read chain records from JSONL; errors name the file, line and record.
+
+    With `min_score`, rejection: a chain whose score (the mean log-likelihood of the gold answer given
+    the chain) is below it is left out, so the model never learns to give the gold answer after a chain
+    that does not lead to it. By default every record is kept, as the paper keeps each question's best.
+    """
     chains = []
     with open(path, encoding="utf-8") as f:
         for lineno, text in enumerate(f, start=1):
@@ -139,7 +144,12 @@ def load_chains(path: str | Path) -> list[ChainRecord]:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
                 raise InputError(f"not valid JSON ({e.msg})", file=str(path), line=lineno) from None
-            chains.append(parse_chain(obj, file=str(path), line=lineno))
+            chain = parse_chain(obj, file=str(path), line=lineno)
+            if min_score is not None and chain.score is None:
+                where = {"file": str(path), "line": lineno, "record": chain.id}
+                raise InputError("has no score to compare with min_score", field="score", **where)
+            if min_score is None or chain.score >= min_score:
+                chains.append(chain)
     return chains
 
 

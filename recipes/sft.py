@@ -48,6 +48,13 @@ class DataArguments:
     index: str | None = field(
         default=None, metadata={"help": "index folder (`corag index`) to re-retrieve steps without doc ids"}
     )
+    min_score: float | None = field(
+        default=None,
+        metadata={
+            "help": "drop chains scored below this (mean log-likelihood of the gold answer given the chain); "
+            "default: keep every chain"
+        },
+    )
     ratio: float = field(
         default=training.DEFAULT_RATIO, metadata={"help": "keep rate of sub-query/sub-answer examples"}
     )
@@ -122,7 +129,14 @@ def build_examples(
         return examples
     from corag.data.corpus import Corpus
 
-    chains = training.load_chains(data_args.chains)
+    chains = training.load_chains(data_args.chains, data_args.min_score)
+    if not chains and data_args.min_score is not None:
+        raise training.InputError(
+            f"no chain scores {data_args.min_score} or more", file=data_args.chains, field="min_score"
+        )
+    if not chains:
+        raise training.InputError("holds no chain", file=data_args.chains)
+    logger.info("training on %d chains from %s", len(chains), data_args.chains)
     corpus = Corpus.load(data_args.corpus)
     scorer = None
     if data_args.stop_examples and any(c.prefix_scores is None for c in chains):

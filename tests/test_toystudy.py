@@ -16,10 +16,10 @@ from corag.toystudy import compute_dtype
 SMALL = [
     "--num_entities", "60", "--num_distractors", "15", "--train_per_hop", "8", "--test_per_hop", "2",
     "--warm_pretrain_steps", "3", "--warm_reading_steps", "4", "--warm_final_steps", "3", "--warm_mixed_steps", "6", "--sample_questions", "4", "--num_chains", "2", "--test_questions", "3", "--diagnose_questions", "6",
-    "--model_head_dim", "64", "--sft_epochs", "2", "--dtype", "bfloat16",
+    "--sft_epochs", "2", "--dtype", "bfloat16", "--min_score=-1000.0",
     "--evals",
     "no_retrieval=corag@greedy:L=0:docs=0", "single_step=single_step@greedy:L=0",
-    "corag_greedy=corag@greedy:L=1", "corag_best_of_2=corag@best_of_n:L=1:N=2",
+    "corag_greedy=corag@greedy:L=1", "warm_greedy=warm@greedy:L=1", "corag_best_of_2=corag@best_of_n:L=1:N=2",
     "corag_tree=corag@tree_search:L=1", "ircot=corag@ircot:max_sentences=2",
     "searchain=corag@searchain:max_rounds=1",
 ]  # fmt: skip
@@ -41,6 +41,11 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
     warm = json.loads((out / "models" / "warm" / "config.json").read_text())
     assert (warm["num_attention_heads"], warm["head_dim"], warm["hidden_size"]) == (4, 64, 128)
     assert json.loads((out / "models" / "corag" / "trainer_state.json").read_text())["num_train_epochs"] == 2
+    # Rejection at the study's min_score (here below every score: all four chains are trained on).
+    corag = out / "models" / "corag"
+    assert json.loads((corag / "sft_examples.args.json").read_text())["min_score"] == -1000.0
+    built = (corag / "sft_examples.jsonl").read_text().splitlines()
+    assert sum(json.loads(line)["task"] == "final" for line in built) == 4
     # bfloat16 on request, on any CPU: autocast in both fine-tunings (weights saved in float32).
     assert summary["dtype"] == "bfloat16"
     for model in ("corag", "single_step"):
@@ -57,10 +62,12 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
             assert all(0.0 <= v <= 1.0 for v in accuracy.values()), (model, hops)
             assert accuracy["gold_passage_top1"] >= 0.5  # MiniLM finds a sub-query's own passage
     results = summary["results"]
-    assert list(results) == ["no_retrieval", "single_step", "corag_greedy", "corag_best_of_2", "corag_tree",
-                             "ircot", "searchain"]  # fmt: skip
+    assert list(results) == ["no_retrieval", "single_step", "corag_greedy", "warm_greedy", "corag_best_of_2",
+                             "corag_tree", "ircot", "searchain"]  # fmt: skip
+    assert results["warm_greedy"]["model"] == "warm"
     for label, result in results.items():
         assert result["count"] == 3, label
+        assert set(result["em_by_hops"]) == {"2", "3"}, label  # 4 hops need more than L = 3 steps
         assert 0.0 <= result["em"] <= 100.0
         assert result["tokens_per_question"] > 0, label
         lines = (out / "eval" / label / "predictions.jsonl").read_text().splitlines()
@@ -90,7 +97,13 @@ def test_a_bad_curriculum_entry_is_one_clear_error(tmp_path):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("diagnose_questions", "-1"), ("warm_final_steps", "-2"), ("sft_epochs", "0"), ("dtype", "float16")],
+    [
+        ("diagnose_questions", "-1"),
+        ("warm_final_steps", "-2"),
+        ("sft_epochs", "0"),
+        ("dtype", "float16"),
+        ("test_hops", "5"),
+    ],
 )
 def test_an_out_of_range_setting_is_one_clear_error_naming_its_field(tmp_path, field, value):
     from corag.errors import InputError

@@ -218,6 +218,20 @@ def test_bad_chain_records_name_record_and_field(tmp_path, toy_world):
         training.load_chains(path)
 
 
+def test_min_score_keeps_only_chains_scored_at_least_it(tmp_path, toy_world):
+    scores = [-0.01, -0.69, -0.7, -5.2, None]
+    records = [{**chain_record(ex), "score": s} for ex, s in zip(toy_world.train, scores, strict=False)]
+    path = tmp_path / "chains.jsonl"
+    write_jsonl(path, records[:4])
+    assert [c.id for c in training.load_chains(path)] == [r["query_id"] for r in records[:4]]
+    kept = training.load_chains(path, min_score=-0.69)
+    assert [c.id for c in kept] == [records[0]["query_id"], records[1]["query_id"]]
+    write_jsonl(path, records)
+    assert len(training.load_chains(path)) == 5  # without min_score a chain needs no score
+    with pytest.raises(InputError, match=rf"line 5, id '{records[4]['query_id']}', field 'score'"):
+        training.load_chains(path, min_score=-0.69)
+
+
 # ------------------------------------------------------------------------------------------ examples
 
 

@@ -223,6 +223,34 @@ def test_two_process_full_fine_tuning(toy_run, tmp_path):
     decode(out)
 
 
+def test_min_score_trains_only_on_chains_that_reach_it(tmp_path, toy_run):
+    from transformers import AutoTokenizer
+
+    from corag.errors import InputError
+
+    recipe = load_recipe()
+    tokenizer = AutoTokenizer.from_pretrained(toy_run["model_name_or_path"])
+    lines = Path(toy_run["chains"]).read_text().splitlines()[:4]
+    records = [
+        {**json.loads(line), "score": s} for line, s in zip(lines, (-0.1, -3.0, -0.5, -8.0), strict=True)
+    ]
+    chains = tmp_path / "scored.jsonl"
+    chains.write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = recipe.DataArguments(chains=str(chains), corpus=toy_run["corpus"], min_score=-0.69)
+    built = recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], tmp_path / "a.jsonl")
+    finals = [e["id"].split("/")[0] for e in built if e["task"] == "final"]
+    assert finals == [records[0]["query_id"], records[2]["query_id"]]
+    assert {e["id"].split("/")[0] for e in built} == set(finals)
+    data.min_score = 0.5
+    with pytest.raises(InputError, match=r"scored\.jsonl, field 'min_score'"):
+        recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], tmp_path / "b.jsonl")
+    assert not (tmp_path / "b.jsonl").exists()
+    chains.write_text("")
+    data.min_score = None
+    with pytest.raises(InputError, match=r"scored\.jsonl: holds no chain"):
+        recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], tmp_path / "c.jsonl")
+
+
 def test_examples_are_reused_only_with_the_same_data_settings(tmp_path, toy_run):
     from transformers import AutoTokenizer
 
