@@ -2,9 +2,10 @@
 
 One warm-start model (trained from scratch on fresh worlds, the stand-in for an instruct model) is
 shared by the seeds; for each seed a new target world is built, chains are rejection-sampled for its
-training questions, the warm model is fine-tuned on them (CoRAG) and, with the same questions and
-steps, on the question's top documents alone (the single-step baseline), and every method is
-evaluated on held-out questions (entities never seen in training questions). The seeds run as
+training questions, the warm model is fine-tuned on those that reach the answer (CoRAG) and, on the
+same sampled questions for as many steps, on the question's top documents alone (the single-step
+baseline), and every method is evaluated on held-out 2- and 3-hop questions (entities never seen in
+training questions). The seeds run as
 parallel processes (`--jobs`, one thread each by default). Prints EM on 3-hop questions and tokens per
 question by method, mean and spread over seeds, and each call's accuracy on gold inputs (the study's
 diagnosis); the last line is JSON.

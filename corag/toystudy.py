@@ -2,8 +2,9 @@
 
     world ─▶ warm-start a tiny model from scratch on fresh worlds (the stand-in for an instruct model)
           ─▶ index the world (MiniLM or BM25) ─▶ rejection-sample chains for its training questions
-          ─▶ fine-tune on the three tasks          (the CoRAG model)
-          ─▶ fine-tune on question + top-k documents only, same questions and steps (single-step baseline)
+          ─▶ fine-tune on the three tasks, chains that reach the answer only (the CoRAG model)
+          ─▶ fine-tune on question + top-k documents only, the sampled questions, as many steps
+             (single-step baseline)
           ─▶ evaluate every method on held-out questions by hop count ─▶ table, plot, summary JSON
 
 Every stage writes into `out_dir` and is skipped when its output is already there, so an interrupted

@@ -130,12 +130,12 @@ def build_examples(
     from corag.data.corpus import Corpus
 
     chains = training.load_chains(data_args.chains, data_args.min_score)
-    if not chains and data_args.min_score is not None:
+    if not chains:
+        if data_args.min_score is None:
+            raise training.InputError("holds no chain", file=data_args.chains)
         raise training.InputError(
             f"no chain scores {data_args.min_score} or more", file=data_args.chains, field="min_score"
         )
-    if not chains:
-        raise training.InputError("holds no chain", file=data_args.chains)
     logger.info("training on %d chains from %s", len(chains), data_args.chains)
     corpus = Corpus.load(data_args.corpus)
     scorer = None
