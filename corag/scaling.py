@@ -27,8 +27,12 @@ def log_curve(x: np.ndarray, a: float, b: float, c: float) -> np.ndarray:
 
 
 def fit_log_curve(tokens: Sequence[float], accuracy: Sequence[float]) -> tuple[float, float, float] | None:
-    """Least-squares fit of y = a*log(x+b)+c (b >= 0) to frontier points; None with fewer than 3."""
-    if len(tokens) < 3:
+    """Least-squares fit of y = a*log(x+b)+c (b >= 0) to frontier points.
+
+    None with 3 points or fewer: three parameters pass through any three points, so such a fit says
+    nothing about the trend.
+    """
+    if len(tokens) <= 3:
         return None
     from scipy.optimize import curve_fit
 

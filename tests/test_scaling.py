@@ -22,7 +22,7 @@ def test_log_fit_recovers_parameters():
     y = log_curve(x, 5.0, 20.0, -3.0)
     a, b, c = fit_log_curve(x, y)
     assert np.allclose(log_curve(x, a, b, c), y, atol=1e-3)
-    assert fit_log_curve([1, 2], [1, 2]) is None
+    assert fit_log_curve(x[:3], y[:3]) is None  # three parameters interpolate any three points
 
 
 def test_table_and_plot(tmp_path):
