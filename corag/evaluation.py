@@ -4,7 +4,8 @@ A *run* is one method with fixed settings (`greedy:L=3`, `best_of_n:L=3:N=4`, `i
 `parse_runs` expands a grid (`best_of_n:L=2,4:N=2,4` is four runs). Each run writes
 `<out>/<run>/predictions.jsonl` (appended per question, so an interrupted evaluation resumes) and
 `<out>/<run>/metrics.json`; the sweep writes `results.md`, `results.csv` and `scaling.png`
-(accuracy against mean tokens per question, with the Pareto frontier and its log fit).
+(accuracy against mean tokens per question, with the Pareto frontier and, when it has four points or
+more, its log fit).
 """
 
 from __future__ import annotations

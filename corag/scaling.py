@@ -82,7 +82,8 @@ def format_markdown(rows: Sequence[dict], columns: Sequence[str]) -> str:
 def plot_scaling(
     names: Sequence[str], tokens: Sequence[float], accuracy: Sequence[float], path: Path, ylabel: str = "EM"
 ) -> Path:
-    """Scatter accuracy against mean tokens per question, with the Pareto frontier and its log fit."""
+    """Scatter accuracy against mean tokens per question, with the Pareto frontier and, when it has
+    four points or more, its log fit."""
     import matplotlib
 
     matplotlib.use("Agg")
