@@ -30,7 +30,7 @@ from pathlib import Path
 
 from corag.config import load_yaml
 from corag.scaling import pareto_frontier, plot_scaling
-from corag.toystudy import StudyConfig, warm_start
+from corag.toystudy import StudyConfig, compute_dtype, warm_start
 
 METHODS = [
     "no_retrieval",
@@ -95,7 +95,7 @@ def main() -> None:
         warm_start(replace(base, seed=args.seeds[0]), warm)
     warm_s = time.perf_counter() - start
     summaries = run_seeds(args, warm)
-    report(args, summaries, time.perf_counter() - start, warm_s)
+    report(args, base, summaries, time.perf_counter() - start, warm_s)
 
 
 def call_accuracy_3hop(summaries: list[dict]) -> dict[str, dict[str, float]]:
@@ -109,7 +109,9 @@ def call_accuracy_3hop(summaries: list[dict]) -> dict[str, dict[str, float]]:
     }
 
 
-def report(args: argparse.Namespace, summaries: list[dict], wall_s: float, warm_s: float) -> None:
+def report(
+    args: argparse.Namespace, base: StudyConfig, summaries: list[dict], wall_s: float, warm_s: float
+) -> None:
     """Print the tables (mean ± spread over seeds), write the mean scaling plot, print the JSON line."""
     per_seed = [summary["results"] for summary in summaries]
     methods = [m for m in per_seed[0] if all(m in r for r in per_seed)]
@@ -144,6 +146,7 @@ def report(args: argparse.Namespace, summaries: list[dict], wall_s: float, warm_
         "pareto_frontier": frontier,
         "call_accuracy_3hop": calls,
         "seeds": args.seeds,
+        "dtype": compute_dtype(base.dtype),
         "wall_s": round(wall_s, 1),
         "warm_start_s": round(warm_s, 1),
     }))  # fmt: skip

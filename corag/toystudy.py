@@ -86,6 +86,10 @@ class StudyConfig:
         default_factory=lambda: ["subquery"],
         metadata={"help": "tasks trained on every token after pretraining too"},
     )
+    warm_compile: bool = field(
+        default=True,
+        metadata={"help": "torch.compile the warm start's transformer (~20% faster after ~1 min compiling)"},
+    )
     model_hidden_size: int = 128
     model_layers: int = 2
     model_heads: int = 4
@@ -133,7 +137,7 @@ class StudyConfig:
     budget: int | None = None
     max_active: int = 64
     dtype: str = field(
-        default="float32",
+        default="auto",
         metadata={
             "help": "of sampling, fine-tuning (bf16 autocast) and evaluation (bf16 weights): float32, "
             "bfloat16, or auto (bfloat16 on a GPU or a CPU with AMX); the warm start is float32"
@@ -228,6 +232,7 @@ def warm_start(cfg: StudyConfig, warm: Path) -> None:
         tuning_learning_rate=cfg.warm_tuning_learning_rate,
         prompt_loss=tuple(cfg.warm_prompt_loss),
         seed=cfg.warm_seed,
+        compile=cfg.warm_compile,
     )
     log = train_warm_start(model, tokenizer, schedule, exclude={cfg.seed})
     log["heldout_accuracy"] = heldout_accuracy(model, tokenizer, WarmStartConfig(), cfg.warm_seed)

@@ -318,6 +318,7 @@ class WarmTrainConfig:
     tuning_learning_rate: float = 5e-4  # the peak of the curriculum and the mixed phase
     warmup_steps: int = 50
     seed: int = 0
+    compile: bool = False  # torch.compile the transformer body: ~20% faster steps after ~30 s compiling
 
     def phases(self) -> list[WarmPhase]:
         pretrain_tasks = tuple(task for task, _ in self.pretrain_mixture)
@@ -399,9 +400,13 @@ class ExampleStream:
         return batch
 
 
-def completion_loss(model: Any, batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> Any:
+def completion_loss(
+    model: Any, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, body: Any = None
+) -> Any:
     """Mean cross-entropy over labelled tokens, with the output layer applied only where a label is
-    (prompts are most of every sequence, so this is about half the cost of full logits)."""
+    (prompts are most of every sequence, so this is about half the cost of full logits).
+
+    `body` runs the transformer in place of `model.base_model` (its compiled form, say)."""
     import torch
     import torch.nn.functional as F
 
@@ -409,13 +414,16 @@ def completion_loss(model: Any, batch: Sequence[tuple[list[int], list[int]]], pa
     ids = torch.tensor([x + [pad_id] * (width - len(x)) for x, _ in batch])
     labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
     mask = (torch.arange(width)[None] < torch.tensor([len(x) for x, _ in batch])[:, None]).long()
-    logits, targets = _labelled_logits(model, ids, labels, mask)
+    logits, targets = _labelled_logits(model, ids, labels, mask, body)
     return F.cross_entropy(logits.float(), targets)
 
 
-def _labelled_logits(model: Any, ids: Any, labels: Any, mask: Any = None) -> tuple[Any, Any]:
+def _labelled_logits(
+    model: Any, ids: Any, labels: Any, mask: Any = None, body: Any = None
+) -> tuple[Any, Any]:
     """Next-token logits at the labelled positions only, and their targets."""
-    hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
+    body = model.base_model if body is None else body
+    hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
     targets = labels[:, 1:]
     keep = targets != -100
     return model.get_output_embeddings()(hidden[keep]), targets[keep]
@@ -449,6 +457,8 @@ def train_warm_start(
     )
     log: dict[str, Any] = {"phases": []}
     model.train()
+    # Shapes change with every batch, so compile for dynamic shapes once rather than per shape.
+    body = torch.compile(model.base_model, dynamic=True) if config.compile else model.base_model
     phases = config.phases()
     for number, phase in enumerate(phases, 1):
         stream = ExampleStream(tokenizer, seeds, phase.world_config(worlds), prompt_loss=phase.prompt_loss)
@@ -461,7 +471,7 @@ def train_warm_start(
             batch = stream.take_tokens(task, phase.batch_tokens)
             for group in optimiser.param_groups:
                 group["lr"] = learning_rate(step, phase, config.warmup_steps)
-            loss = completion_loss(model, batch, tokenizer.pad_token_id)
+            loss = completion_loss(model, batch, tokenizer.pad_token_id, body)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
