@@ -145,6 +145,10 @@ def report(
         >= three.get("corag_greedy", 0),
         "pareto_frontier": frontier,
         "call_accuracy_3hop": calls,
+        # The warm start's draw (README, "The warm start is a lottery"): teacher-forced, fresh worlds.
+        "warm_heldout_accuracy": json.loads((Path(args.out) / "warm" / "warm_start.json").read_text())[
+            "heldout_accuracy"
+        ],
         "seeds": args.seeds,
         "dtype": compute_dtype(base.dtype),
         "wall_s": round(wall_s, 1),

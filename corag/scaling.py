@@ -6,6 +6,7 @@ import csv
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,20 @@ def plot_scaling(
     names: Sequence[str], tokens: Sequence[float], accuracy: Sequence[float], path: Path, ylabel: str = "EM"
 ) -> Path:
     """Scatter accuracy against mean tokens per question, with the Pareto frontier and, when it has
-    four points or more, its log fit."""
+    four points or more, its log fit; saved as an image to `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = scaling_figure(names, tokens, accuracy, ylabel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def scaling_figure(
+    names: Sequence[str], tokens: Sequence[float], accuracy: Sequence[float], ylabel: str
+) -> Any:
+    """The figure of `plot_scaling`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,10 +106,6 @@ def plot_scaling(
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     ax.scatter(tokens, accuracy, color="tab:blue", zorder=3)
-    by_tokens = sorted(range(len(names)), key=lambda i: tokens[i])
-    for rank, i in enumerate(by_tokens):  # alternate label heights so neighbours do not overlap
-        offset = (4, 6 + 9 * (rank % 3))
-        ax.annotate(names[i], (tokens[i], accuracy[i]), textcoords="offset points", xytext=offset, fontsize=7)
     front = pareto_frontier(tokens, accuracy)
     fx = [tokens[i] for i in front]
     fy = [accuracy[i] for i in front]
@@ -116,7 +126,38 @@ def plot_scaling(
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    _label_points(fig, ax, names, tokens, accuracy)
+    return fig
+
+
+def _label_points(fig: Any, ax: Any, names: Sequence[str], x: Sequence[float], y: Sequence[float]) -> None:
+    """Name each point beside it: right of it, above or below at growing distance (left of it near the
+    right edge), at the first place inside the axes that overlaps no name placed before."""
+    fig.canvas.draw()  # fixes the layout, so that label extents are final
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    places = [(side, rise) for side in (4, -4) for rise in (5, -13, 15, -23, 25, -33, 35, 45)]
+    placed: list[Any] = []
+    for i in sorted(range(len(names)), key=lambda i: (x[i], y[i])):
+        for side, rise in places:
+            label = _annotate(ax, names[i], (x[i], y[i]), side, rise)
+            box = label.get_window_extent(renderer)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(other) for other in placed):
+                break
+            label.remove()
+        else:  # no free place: the first one
+            box = _annotate(ax, names[i], (x[i], y[i]), *places[0]).get_window_extent(renderer)
+        placed.append(box)
+
+
+def _annotate(ax: Any, name: str, point: tuple[float, float], side: int, rise: int) -> Any:
+    """`name` at (`side`, `rise`) points from `point`, right of it for a positive side, else left."""
+    return ax.annotate(
+        name,
+        point,
+        textcoords="offset points",
+        xytext=(side, rise),
+        ha="left" if side > 0 else "right",
+        fontsize=7,
+    )

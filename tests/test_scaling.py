@@ -6,6 +6,7 @@ from corag.scaling import (
     log_curve,
     pareto_frontier,
     plot_scaling,
+    scaling_figure,
     write_table,
 )
 
@@ -36,3 +37,17 @@ def test_table_and_plot(tmp_path):
     assert "| tree |" in format_markdown(rows, ["method"])
     png = plot_scaling(["a", "b", "c"], [100, 1000, 10000], [10, 20, 25], tmp_path / "plot.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_close_points_get_labels_that_do_not_overlap():
+    names = ["corag_greedy", "warm_greedy", "no_retrieval", "corag_tree", "corag_best_of_4"]
+    tokens = [2396, 2435, 129, 10715, 7785]
+    accuracy = [42.0, 42.3, 0.3, 32.7, 30.3]  # the first two a few pixels apart
+    fig = scaling_figure(names, tokens, accuracy, "EM")
+    renderer = fig.canvas.get_renderer()
+    labels = {t.get_text(): t.get_window_extent(renderer) for t in fig.axes[0].texts}
+    assert set(labels) == set(names)
+    boxes = list(labels.values())
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    frame = fig.axes[0].get_window_extent(renderer)  # none runs past the axes (corag_tree is rightmost)
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
