@@ -143,7 +143,7 @@ def _label_points(fig: Any, ax: Any, names: Sequence[str], x: Sequence[float], y
             label = _annotate(ax, names[i], (x[i], y[i]), side, rise)
             box = label.get_window_extent(renderer)
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
-            if inside and not any(box.overlaps(other) for other in placed):
+            if inside and not any(box.padded(3).overlaps(other) for other in placed):  # 3 px apart
                 break
             label.remove()
         else:  # no free place: the first one
