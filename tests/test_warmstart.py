@@ -297,8 +297,13 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
 
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="compiling needs a C++ compiler")
-def test_compiled_warm_start_trains_like_the_eager_one(tiny_model_dir, tiny_tokenizer):
+def test_compiled_warm_start_trains_like_the_eager_one(tiny_model_dir, tiny_tokenizer, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
+
+    # Compiled kernels and precompiled headers stay in tmp_path.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr("torch._inductor.codecache._HEADER_DIR", str(tmp_path / "headers"))
+    monkeypatch.setattr("torch._inductor.codecache._HEADER_LOCK_DIR", str(tmp_path / "headers" / "locks"))
 
     schedule = WarmTrainConfig(
         pretrain_steps=4, reading_steps=0, final_steps=3, mixed_steps=0, batch_tokens=1200, seed=2
