@@ -14,6 +14,7 @@ study resumes. `corag quickstart` runs a small configuration; benchmarks/toyworl
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -66,8 +67,15 @@ class StudyConfig:
     warm_reading_steps: int = field(
         default=2000, metadata={"help": "optimiser steps of the curriculum (reading from one passage)"}
     )
+    warm_passage_steps: int = field(
+        default=300, metadata={"help": "optimiser steps reading from 5 passages alone, after the curriculum"}
+    )
     warm_final_steps: int = field(
-        default=400, metadata={"help": "optimiser steps on the final answer call alone, before the mix"}
+        default=400, metadata={"help": "optimiser steps of the answer phase (call C, reading beside it)"}
+    )
+    warm_final_mixture: list[str] = field(
+        default_factory=lambda: ["final=0.5", "subanswer=0.5"],
+        metadata={"help": "the answer phase's tasks and shares of batches, task=share"},
     )
     warm_mixed_steps: int = field(
         default=3500, metadata={"help": "optimiser steps on all three calls, reading from 5 passages"}
@@ -87,10 +95,10 @@ class StudyConfig:
         metadata={"help": "tasks trained on every token after pretraining too"},
     )
     warm_compile: bool = field(
-        default=False,
+        default=True,
         metadata={
-            "help": "torch.compile the warm start's transformer: ~14% faster, the same updates up to "
-            'rounding, but not the same warm model (README, "The warm start is a lottery")'
+            "help": "torch.compile the warm start's transformer (needs a C++ compiler): ~14% faster, the "
+            "same updates up to rounding, so not the same warm model bit for bit"
         },
     )
     model_hidden_size: int = 128
@@ -140,7 +148,7 @@ class StudyConfig:
     budget: int | None = None
     max_active: int = 64
     dtype: str = field(
-        default="float32",
+        default="auto",
         metadata={
             "help": "of sampling, fine-tuning (bf16 autocast) and evaluation (bf16 weights): float32, "
             "bfloat16, or auto (bfloat16 on a GPU or a CPU with AMX); the warm start is float32"
@@ -148,12 +156,14 @@ class StudyConfig:
     )
 
     def __post_init__(self) -> None:
-        for item in self.warm_curriculum:  # a bad entry fails here, not after the world is built
-            _share(item)
+        for name in ("warm_curriculum", "warm_final_mixture"):  # a bad entry fails here, not later
+            for item in getattr(self, name):
+                _share(item, name)
         for name in (
             "diagnose_questions",
             "warm_pretrain_steps",
             "warm_reading_steps",
+            "warm_passage_steps",
             "warm_final_steps",
             "warm_mixed_steps",
         ):
@@ -161,6 +171,14 @@ class StudyConfig:
                 raise InputError(f"must be 0 or more, got {getattr(self, name)}", field=name)
         if not self.test_hops or not set(self.test_hops) <= {2, 3, 4}:
             raise InputError(f"expected hop counts among 2, 3, 4, got {self.test_hops}", field="test_hops")
+        if (
+            self.warm_compile
+            and self.warm_dir is None
+            and not any(map(shutil.which, ("g++", "c++", "clang++")))
+        ):
+            raise InputError(
+                "torch.compile needs a C++ compiler (g++); install one or set false", field="warm_compile"
+            )
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise InputError(f"expected auto, bfloat16 or float32, got {self.dtype!r}", field="dtype")
         for name in ("model_head_dim", "sft_epochs"):
@@ -199,7 +217,7 @@ def train(config_file: str, model: Path, out: Path, data: dict[str, str], extra:
     subprocess.run(args, check=True)
 
 
-def _share(item: str) -> tuple[str, float]:
+def _share(item: str, name: str) -> tuple[str, float]:
     """`task=share` -> (task, share), the task one of the three calls' names."""
     task, _, share = item.partition("=")
     try:
@@ -207,7 +225,7 @@ def _share(item: str) -> tuple[str, float]:
             return task, float(share)
     except ValueError:
         pass
-    raise InputError(f"expected subanswer|subquery|final=<share>, got {item!r}", field="warm_curriculum")
+    raise InputError(f"expected subanswer|subquery|final=<share>, got {item!r}", field=name)
 
 
 def warm_start(cfg: StudyConfig, warm: Path) -> None:
@@ -227,9 +245,11 @@ def warm_start(cfg: StudyConfig, warm: Path) -> None:
     schedule = WarmTrainConfig(
         pretrain_steps=cfg.warm_pretrain_steps,
         reading_steps=cfg.warm_reading_steps,
+        passage_steps=cfg.warm_passage_steps,
         final_steps=cfg.warm_final_steps,
+        final_mixture=tuple(_share(item, "warm_final_mixture") for item in cfg.warm_final_mixture),
         mixed_steps=cfg.warm_mixed_steps,
-        curriculum=tuple(_share(item) for item in cfg.warm_curriculum),
+        curriculum=tuple(_share(item, "warm_curriculum") for item in cfg.warm_curriculum),
         batch_tokens=cfg.warm_batch_tokens,
         learning_rate=cfg.warm_learning_rate,
         tuning_learning_rate=cfg.warm_tuning_learning_rate,

@@ -283,7 +283,8 @@ class WarmPhase:
 @dataclass(frozen=True)
 class WarmTrainConfig:
     """The warm start's training: pretraining, a curriculum with one passage per reading example,
-    the final answer call alone, then all three calls with five passages per reading example.
+    reading from five passages alone, the answer phase, then all three calls with five passages per
+    reading example.
 
     Reading from one passage is what gets a model trained from scratch over the plateau where it
     picks a name of the right kind without copying it (see README, "The toy world").
@@ -296,17 +297,22 @@ class WarmTrainConfig:
     the curriculum follows, at `tuning_learning_rate`: at the pretraining rate it undoes the copy
     within a few hundred steps (README, "The full study").
 
-    The final answer call then trains alone for `final_steps` at `final_learning_rate`. Mixed with the
-    other calls from the start (30-50% of batches, up to 3,500 steps), a two-layer model never left
-    the plateau where it names an entity of the right kind without reading the chain; alone, it reads
-    the chain's last answer within a few hundred steps. The mixed phase then brings back the other calls,
-    which this phase degrades.
+    Then, both at `final_learning_rate`: reading from five passages alone for `passage_steps`, and the
+    answer phase for `final_steps`, the final answer call with reading kept in half of its batches
+    (`final_mixture`). Mixed with the other calls from the start (30-50% of batches, up to 3,500
+    steps), a two-layer model never left the plateau where it names an entity of the right kind
+    without reading the chain; alone, it left it in some runs and not in others. Reading and call C
+    both find a name in the context and copy it: after reading alone, the answer phase learns call C
+    faster, and with reading kept in it, both leave their plateaus early in the mixed phase, which
+    then brings back call A (README, "The full study").
     """
 
     pretrain_steps: int = 3000
     pretrain_mixture: tuple[tuple[str, float], ...] = (("subanswer", 0.5), ("subquery", 0.5))
     reading_steps: int = 2000  # the curriculum's steps
-    final_steps: int = 400  # the final answer call alone
+    passage_steps: int = 300  # reading from five passages alone
+    final_steps: int = 400  # the answer phase
+    final_mixture: tuple[tuple[str, float], ...] = (("final", 0.5), ("subanswer", 0.5))
     final_learning_rate: float = 1e-3
     mixed_steps: int = 3500
     curriculum: tuple[tuple[str, float], ...] = (("subanswer", 0.5), ("subquery", 0.5))
@@ -339,7 +345,12 @@ class WarmTrainConfig:
                 self.tuning_learning_rate,
                 self.prompt_loss,
             ),
-            WarmPhase(self.final_steps, self.batch_tokens, (5,), (("final", 1.0),), self.final_learning_rate),
+            WarmPhase(
+                self.passage_steps, self.batch_tokens, (5,), (("subanswer", 1.0),), self.final_learning_rate
+            ),
+            WarmPhase(
+                self.final_steps, self.batch_tokens, (5,), self.final_mixture, self.final_learning_rate
+            ),
             WarmPhase(
                 self.mixed_steps,
                 self.batch_tokens,

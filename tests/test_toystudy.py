@@ -15,7 +15,7 @@ from corag.toystudy import compute_dtype
 
 SMALL = [
     "--num_entities", "60", "--num_distractors", "15", "--train_per_hop", "8", "--test_per_hop", "2",
-    "--warm_pretrain_steps", "3", "--warm_reading_steps", "4", "--warm_final_steps", "3", "--warm_mixed_steps", "6", "--sample_questions", "4", "--num_chains", "2", "--test_questions", "3", "--diagnose_questions", "6",
+    "--warm_pretrain_steps", "3", "--warm_reading_steps", "4", "--warm_passage_steps", "2", "--warm_final_steps", "3", "--warm_mixed_steps", "6", "--sample_questions", "4", "--num_chains", "2", "--test_questions", "3", "--diagnose_questions", "6",
     "--sft_epochs", "2", "--dtype", "bfloat16", "--min_score=-1000.0",
     "--evals",
     "no_retrieval=corag@greedy:L=0:docs=0", "single_step=single_step@greedy:L=0",
@@ -100,6 +100,7 @@ def test_a_bad_curriculum_entry_is_one_clear_error(tmp_path):
     [
         ("diagnose_questions", "-1"),
         ("warm_final_steps", "-2"),
+        ("warm_final_mixture", "final=x"),
         ("sft_epochs", "0"),
         ("dtype", "float16"),
         ("test_hops", "5"),
@@ -111,6 +112,17 @@ def test_an_out_of_range_setting_is_one_clear_error_naming_its_field(tmp_path, f
     with pytest.raises(InputError, match=f"{field}.*{value}"):
         quickstart.main(["--out_dir", str(tmp_path / "qs"), *SMALL, f"--{field}", value])
     assert not (tmp_path / "qs").exists()
+
+
+def test_compiling_without_a_cpp_compiler_is_one_clear_error(monkeypatch):
+    from corag.errors import InputError
+    from corag.toystudy import StudyConfig
+
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(InputError, match="warm_compile.*C\\+\\+ compiler"):
+        StudyConfig(warm_compile=True)
+    StudyConfig(warm_compile=False)
+    StudyConfig(warm_compile=True, warm_dir="runs/warm")  # a warm model to reuse is not compiled
 
 
 @pytest.mark.parametrize(("cuda", "amx", "expected"), [(False, True, "bfloat16"), (False, False, "float32"),

@@ -258,6 +258,7 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
     schedule = WarmTrainConfig(
         pretrain_steps=8,
         reading_steps=12,
+        passage_steps=3,
         final_steps=4,
         mixed_steps=6,
         reading_batch_tokens=600,
@@ -278,17 +279,19 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
         runs.append((before, after, log, model.state_dict()))
     (before, after, log, weights), (_, after2, log2, weights2) = runs
     assert after < before - 0.5  # a random model's loss on unseen worlds falls
-    assert [p["steps"] for p in log["phases"]] == [8, 12, 4, 6]
-    assert [p["reading_docs"] for p in log["phases"]] == [[1], [1], [5], [5]]
-    assert [p["learning_rate"] for p in log["phases"]] == [2e-3, 1e-3, 3e-4, 1e-3]
+    assert [p["steps"] for p in log["phases"]] == [8, 12, 3, 4, 6]
+    assert [p["reading_docs"] for p in log["phases"]] == [[1], [1], [5], [5], [5]]
+    assert [p["learning_rate"] for p in log["phases"]] == [2e-3, 1e-3, 3e-4, 3e-4, 1e-3]
     assert [p["prompt_loss"] for p in log["phases"]] == [
         ["subanswer", "subquery"],
         ["subquery"],
         [],
+        [],
         ["subquery"],
     ]
-    assert set(log["phases"][2]["final_loss"]) == {"final"}  # the answer call alone
-    assert set(log["phases"][3]["final_loss"]) <= {"subanswer", "subquery", "final"}
+    assert set(log["phases"][2]["final_loss"]) == {"subanswer"}  # reading from five passages alone
+    assert set(log["phases"][3]["final_loss"]) <= {"final", "subanswer"}  # the answer phase
+    assert set(log["phases"][4]["final_loss"]) <= {"subanswer", "subquery", "final"}
     assert after2 == after and log2 == log
     assert all(torch.equal(weights[k], weights2[k]) for k in weights)
     accuracy = heldout_accuracy(model, tiny_tokenizer, SMALL_WORLDS, seed=3, per_task=5)
@@ -306,7 +309,13 @@ def test_compiled_warm_start_trains_like_the_eager_one(tiny_model_dir, tiny_toke
     monkeypatch.setattr("torch._inductor.codecache._HEADER_LOCK_DIR", str(tmp_path / "headers" / "locks"))
 
     schedule = WarmTrainConfig(
-        pretrain_steps=4, reading_steps=0, final_steps=3, mixed_steps=0, batch_tokens=1200, seed=2
+        pretrain_steps=4,
+        reading_steps=0,
+        passage_steps=0,
+        final_steps=3,
+        mixed_steps=0,
+        batch_tokens=1200,
+        seed=2,
     )
     runs = []
     for compiled in (False, True):
@@ -323,17 +332,24 @@ def test_compiled_warm_start_trains_like_the_eager_one(tiny_model_dir, tiny_toke
 
 
 def test_phases_build_only_the_tasks_they_train():
-    reading_only = WarmTrainConfig(pretrain_steps=0, final_steps=0, curriculum=(("subanswer", 1.0),))
+    reading_only = WarmTrainConfig(
+        pretrain_steps=0, passage_steps=0, final_steps=0, curriculum=(("subanswer", 1.0),)
+    )
     curriculum, mixed = reading_only.phases()  # a phase without steps is left out
     assert curriculum.reading_docs == (1,) and mixed.reading_docs == (5,)
     first = curriculum.world_config(SMALL_WORLDS)
     assert first.reading_per_world > 0 and first.subquery_questions_per_world == first.final_per_world == 0
     second = mixed.world_config(SMALL_WORLDS)
     assert second.reading_per_world and second.subquery_questions_per_world and second.final_per_world
-    pretrain, curriculum, final, _ = WarmTrainConfig().phases()
-    answer_only = final.world_config(SMALL_WORLDS)
-    assert answer_only.final_per_world > 0
-    assert answer_only.reading_per_world == answer_only.subquery_questions_per_world == 0
+    pretrain, curriculum, passages, final, _ = WarmTrainConfig().phases()
+    reading = passages.world_config(SMALL_WORLDS)
+    assert reading.reading_docs == (5,) and reading.reading_per_world > 0
+    assert reading.subquery_questions_per_world == reading.final_per_world == 0
+    answer = final.world_config(SMALL_WORLDS)  # the final answer call, reading kept beside it
+    assert answer.final_per_world > 0 and answer.reading_per_world > 0 and answer.reading_docs == (5,)
+    assert answer.subquery_questions_per_world == 0
+    only = replace(WarmTrainConfig(), final_mixture=(("final", 1.0),)).phases()[3].world_config(SMALL_WORLDS)
+    assert only.final_per_world > 0 and only.reading_per_world == only.subquery_questions_per_world == 0
     assert set(pretrain.prompt_loss) == {task for task, _ in pretrain.weights}  # every token of every task
     assert pretrain.learning_rate > curriculum.learning_rate
     built = curriculum.world_config(SMALL_WORLDS)
