@@ -157,8 +157,7 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         for name in ("warm_curriculum", "warm_final_mixture"):  # a bad entry fails here, not later
-            for item in getattr(self, name):
-                _share(item, name)
+            self.mixture(name)
         for name in (
             "diagnose_questions",
             "warm_pretrain_steps",
@@ -184,6 +183,10 @@ class StudyConfig:
         for name in ("model_head_dim", "sft_epochs"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise InputError(f"must be more than 0, got {getattr(self, name)}", field=name)
+
+    def mixture(self, name: str) -> tuple[tuple[str, float], ...]:
+        """The field `name` (a list of `task=share`) as (task, share) pairs."""
+        return tuple(_share(item, name) for item in getattr(self, name))
 
 
 def compute_dtype(name: str) -> str:
@@ -247,9 +250,9 @@ def warm_start(cfg: StudyConfig, warm: Path) -> None:
         reading_steps=cfg.warm_reading_steps,
         passage_steps=cfg.warm_passage_steps,
         final_steps=cfg.warm_final_steps,
-        final_mixture=tuple(_share(item, "warm_final_mixture") for item in cfg.warm_final_mixture),
+        final_mixture=cfg.mixture("warm_final_mixture"),
         mixed_steps=cfg.warm_mixed_steps,
-        curriculum=tuple(_share(item, "warm_curriculum") for item in cfg.warm_curriculum),
+        curriculum=cfg.mixture("warm_curriculum"),
         batch_tokens=cfg.warm_batch_tokens,
         learning_rate=cfg.warm_learning_rate,
         tuning_learning_rate=cfg.warm_tuning_learning_rate,
