@@ -78,7 +78,7 @@ class StudyConfig:
         metadata={"help": "the answer phase's tasks and shares of batches, task=share"},
     )
     warm_mixed_steps: int = field(
-        default=3500, metadata={"help": "optimiser steps on all three calls, reading from 5 passages"}
+        default=3000, metadata={"help": "optimiser steps on all three calls, reading from 5 passages"}
     )
     warm_curriculum: list[str] = field(
         default_factory=lambda: ["subanswer=0.5", "subquery=0.5"],

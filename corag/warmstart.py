@@ -314,7 +314,7 @@ class WarmTrainConfig:
     final_steps: int = 400  # the answer phase
     final_mixture: tuple[tuple[str, float], ...] = (("final", 0.5), ("subanswer", 0.5))
     final_learning_rate: float = 1e-3
-    mixed_steps: int = 3500
+    mixed_steps: int = 3000
     curriculum: tuple[tuple[str, float], ...] = (("subanswer", 0.5), ("subquery", 0.5))
     mixture: tuple[tuple[str, float], ...] = (("subanswer", 0.3), ("subquery", 0.4), ("final", 0.3))
     prompt_loss: tuple[str, ...] = ("subquery",)  # tasks trained on every token after pretraining too
