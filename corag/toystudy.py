@@ -94,6 +94,13 @@ class StudyConfig:
         default_factory=lambda: ["subquery"],
         metadata={"help": "tasks trained on every token after pretraining too"},
     )
+    warm_unanswerable: float = field(
+        default=0.0,
+        metadata={
+            "help": "share of the mixed phase's reading examples shown without the fact's passage, "
+            "target 'No relevant information found' (what best-of-N's penalty measures)"
+        },
+    )
     warm_compile: bool = field(
         default=True,
         metadata={
@@ -178,6 +185,10 @@ class StudyConfig:
             raise InputError(
                 "torch.compile needs a C++ compiler (g++); install one or set false", field="warm_compile"
             )
+        if not 0 <= self.warm_unanswerable < 1:
+            raise InputError(
+                f"expected a share in [0, 1), got {self.warm_unanswerable}", field="warm_unanswerable"
+            )
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise InputError(f"expected auto, bfloat16 or float32, got {self.dtype!r}", field="dtype")
         for name in ("model_head_dim", "sft_epochs"):
@@ -257,6 +268,7 @@ def warm_start(cfg: StudyConfig, warm: Path) -> None:
         learning_rate=cfg.warm_learning_rate,
         tuning_learning_rate=cfg.warm_tuning_learning_rate,
         prompt_loss=tuple(cfg.warm_prompt_loss),
+        unanswerable=cfg.warm_unanswerable,
         seed=cfg.warm_seed,
         compile=cfg.warm_compile,
     )

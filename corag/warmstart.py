@@ -64,6 +64,10 @@ class WarmStartConfig:
     # left the plateau of call C (0% held-out after 3500 mixed steps); with them it reads the last
     # answer of 2-4 hop chains within a few hundred steps (README, "The full study").
     final_hops: tuple[int, ...] = (1, 2, 3, 4)
+    # Share of reading examples shown without their fact's passage, target "No relevant information
+    # found" (what call B's prompt asks for then), whose probability is best-of-N's penalty. Taught
+    # so, the warm model said it, but its penalty ranked chains backwards (README, "The full study").
+    unanswerable: float = 0.0
 
 
 def iter_fresh_seeds(seed: int, exclude: Collection[int] = ()) -> Iterator[int]:
@@ -119,19 +123,29 @@ def reading_examples(
     rng: random.Random,
     count: int,
     num_docs: Sequence[int] = (5,),
+    unanswerable: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Call B examples: a single-hop fact's sub-query over its top BM25 passages, target the answer.
 
     Only facts whose passage is among the passages shown are used (with BM25 on the toy world that is
     nearly every fact), so the answer can always be read: it appears in exactly one shown passage as
-    `The <relation> of <subject> is <answer>.`
+    `The <relation> of <subject> is <answer>.` A share `unanswerable` of the facts is shown instead
+    with the next passages in its place and none that states the relation of that name (a namesake's
+    included), target "No relevant information found".
     """
     facts = rng.sample(world.single_hop, min(count, len(world.single_hop)))
     sizes = [rng.choice(num_docs) for _ in facts]
+    hidden = [rng.random() < unanswerable for _ in facts] if unanswerable else [False] * len(facts)
     by_id = {p.id: p for p in world.passages}
-    shown = _search(retriever, by_id, [f.query for f in facts], max(num_docs))
+    shown = _search(retriever, by_id, [f.query for f in facts], max(num_docs) + (3 if any(hidden) else 0))
     out = []
-    for fact, size, passages in zip(facts, sizes, shown, strict=True):
+    for fact, size, hide, passages in zip(facts, sizes, hidden, shown, strict=True):
+        if hide:
+            stated = f"The {fact.meta['relations'][0]} of {fact.supporting_titles[0]} is "
+            passages = [p for p in passages if stated not in p.contents][:size]
+            messages = prompts.subanswer_messages(fact.query, passages)
+            out.append(example("subanswer", f"{fact.id}/no_info", messages, prompts.NO_INFO))
+            continue
         passages = passages[:size]
         if not _readable(fact, passages):
             continue
@@ -205,7 +219,9 @@ def world_examples(world_seed: int, config: WarmStartConfig) -> list[dict[str, A
     world = fresh_world(world_seed, config)
     rng = random.Random(f"warmstart-examples|{world_seed}")
     retriever = BM25Retriever.from_passages(world.passages)
-    out = reading_examples(world, retriever, rng, config.reading_per_world, config.reading_docs)
+    out = reading_examples(
+        world, retriever, rng, config.reading_per_world, config.reading_docs, config.unanswerable
+    )
     out += subquery_examples(
         world, rng, config.subquery_questions_per_world, config.repeat_when_done, config.hops
     )
@@ -267,6 +283,7 @@ class WarmPhase:
     weights: tuple[tuple[str, float], ...]  # (task, share of batches)
     learning_rate: float  # the peak of this phase's schedule
     prompt_loss: tuple[str, ...] = ()  # tasks trained on every token, prompt included
+    unanswerable: float = 0.0  # share of reading examples without the fact's passage
 
     def world_config(self, worlds: WarmStartConfig) -> WarmStartConfig:
         """`worlds` with this phase's passages per reading example, building no task it does not train."""
@@ -274,6 +291,7 @@ class WarmPhase:
         return replace(
             worlds,
             reading_docs=self.reading_docs,
+            unanswerable=self.unanswerable,
             reading_per_world=worlds.reading_per_world if "subanswer" in tasks else 0,
             subquery_questions_per_world=worlds.subquery_questions_per_world if "subquery" in tasks else 0,
             final_per_world=worlds.final_per_world if "final" in tasks else 0,
@@ -318,6 +336,7 @@ class WarmTrainConfig:
     curriculum: tuple[tuple[str, float], ...] = (("subanswer", 0.5), ("subquery", 0.5))
     mixture: tuple[tuple[str, float], ...] = (("subanswer", 0.3), ("subquery", 0.4), ("final", 0.3))
     prompt_loss: tuple[str, ...] = ("subquery",)  # tasks trained on every token after pretraining too
+    unanswerable: float = 0.0  # the mixed phase's reading examples without the fact's passage
     reading_batch_tokens: int = 2304  # padded tokens per batch with one passage: ~16 prompts
     batch_tokens: int = 4608  # padded tokens per batch of the mixed phase: ~16 five-passage prompts
     learning_rate: float = 2e-3  # pretraining's peak
@@ -358,6 +377,7 @@ class WarmTrainConfig:
                 self.mixture,
                 self.tuning_learning_rate,
                 self.prompt_loss,
+                self.unanswerable,
             ),
         ]
         return [phase for phase in phases if phase.steps > 0]
@@ -521,14 +541,16 @@ def heldout_accuracy(
 
     Call A is also split by step: `subquery_first` (the subject is copied from the main query) and
     `subquery_later` (the latest intermediate answer must be copied into the new sub-query). Call C is
-    scored on multi-hop chains only (`worlds.hops`), the one-hop chains of training left out.
+    scored on multi-hop chains only (`worlds.hops`), the one-hop chains of training left out. Reading
+    without the fact's passage is scored apart (`no_info`: the model says "No relevant information
+    found"); `subanswer` is reading with it.
     """
-    keys_wanted = ("final", "subanswer", "subquery", "subquery_first", "subquery_later")
-    worlds = replace(worlds, final_hops=worlds.hops)
+    keys_wanted = ("final", "subanswer", "no_info", "subquery", "subquery_first", "subquery_later")
+    worlds = replace(worlds, final_hops=worlds.hops, unanswerable=0.5)
     groups: dict[str, list[dict[str, Any]]] = {}
     for world_seed in itertools.islice(iter_fresh_seeds(seed + 7_919_000), 50):
         for ex in world_examples(world_seed, worlds):
-            keys = [ex["task"]]
+            keys = ["no_info" if ex["id"].endswith("/no_info") else ex["task"]]
             if ex["task"] == "subquery":
                 keys.append("subquery_first" if ex["id"].endswith("/0") else "subquery_later")
             for key in keys:

@@ -104,6 +104,7 @@ def test_a_bad_curriculum_entry_is_one_clear_error(tmp_path):
         ("sft_epochs", "0"),
         ("dtype", "float16"),
         ("test_hops", "5"),
+        ("warm_unanswerable", "1.5"),
     ],
 )
 def test_an_out_of_range_setting_is_one_clear_error_naming_its_field(tmp_path, field, value):

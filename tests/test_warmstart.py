@@ -100,6 +100,30 @@ def test_reading_target_is_stated_in_exactly_one_shown_passage(world, retriever)
         assert sum(sentence in passage for passage in _shown_passages(content)) == 1, e["id"]
 
 
+def test_unanswerable_reading_hides_every_passage_that_states_the_relation(world, retriever):
+    examples = reading_examples(world, retriever, random.Random(2), 60, num_docs=(3, 5), unanswerable=0.5)
+    hidden = [e for e in examples if e["id"].endswith("/no_info")]
+    assert 15 <= len(hidden) <= 45 and len(examples) - len(hidden) >= 15
+    by_id = {p.id: p for p in world.passages}
+    for e in hidden:
+        content = e["prompt"][0]["content"]
+        query = content.split("## Query\n", 1)[1].split("\n", 1)[0]
+        _, relation, subject = SINGLE_HOP.match(query).groups()
+        shown = _shown_passages(content)
+        assert len(shown) in (3, 5)
+        assert not any(f"The {relation} of {subject} is " in passage for passage in shown), e["id"]
+        assert e["completion"][0]["content"] == prompts.NO_INFO
+        # the passages are still the retriever's: the next ones after those left out
+        hits = [by_id[h.doc_id] for h in retriever.search([query], 8)[0]]
+        kept = [p for p in hits if f"The {relation} of {subject} is " not in p.contents][: len(shown)]
+        assert e["prompt"] == prompts.subanswer_messages(query, kept)
+
+
+def test_without_unanswerable_share_every_reading_example_has_an_answer(world, retriever):
+    examples = reading_examples(world, retriever, random.Random(2), 60, num_docs=(3, 5))
+    assert examples and all(e["completion"][0]["content"] != prompts.NO_INFO for e in examples)
+
+
 def test_subquery_examples_follow_the_gold_chain_in_call_a(world):
     examples = subquery_examples(world, random.Random(0), 6)
     questions = {ex.id: ex for ex in world.train}
@@ -295,7 +319,7 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
     assert after2 == after and log2 == log
     assert all(torch.equal(weights[k], weights2[k]) for k in weights)
     accuracy = heldout_accuracy(model, tiny_tokenizer, SMALL_WORLDS, seed=3, per_task=5)
-    assert set(accuracy) == {"subanswer", "subquery", "subquery_first", "subquery_later", "final"}
+    assert set(accuracy) == {"subanswer", "no_info", "subquery", "subquery_first", "subquery_later", "final"}
     assert all(0.0 <= v <= 1.0 for v in accuracy.values())
 
 
@@ -358,3 +382,6 @@ def test_phases_build_only_the_tasks_they_train():
     )
     tasks = {e["task"] for e in world_examples(fresh_seeds(4, 1)[0], built)}
     assert tasks == {"subanswer", "subquery"}
+    # only the mixed phase reads without the fact's passage: the plateaus before it are left as they were
+    phases = replace(WarmTrainConfig(), unanswerable=0.2).phases()
+    assert [p.world_config(SMALL_WORLDS).unanswerable for p in phases] == [0, 0, 0, 0, 0.2]
