@@ -135,13 +135,15 @@ def reading_examples(
     """
     facts = rng.sample(world.single_hop, min(count, len(world.single_hop)))
     sizes = [rng.choice(num_docs) for _ in facts]
+    # Without a share no draw is made and no deeper search run: the default stream stays as it was.
     hidden = [rng.random() < unanswerable for _ in facts] if unanswerable else [False] * len(facts)
+    spare = 3 if any(hidden) else 0  # passages searched beyond those shown, to fill hidden ones' places
     by_id = {p.id: p for p in world.passages}
-    shown = _search(retriever, by_id, [f.query for f in facts], max(num_docs) + (3 if any(hidden) else 0))
+    shown = _search(retriever, by_id, [f.query for f in facts], max(num_docs) + spare)
     out = []
     for fact, size, hide, passages in zip(facts, sizes, hidden, shown, strict=True):
         if hide:
-            stated = f"The {fact.meta['relations'][0]} of {fact.supporting_titles[0]} is "
+            stated = fact_sentence(fact.meta["relations"][0], fact.supporting_titles[0], "").removesuffix(".")
             passages = [p for p in passages if stated not in p.contents][:size]
             messages = prompts.subanswer_messages(fact.query, passages)
             out.append(example("subanswer", f"{fact.id}/no_info", messages, prompts.NO_INFO))
