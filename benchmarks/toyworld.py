@@ -7,8 +7,8 @@ same sampled questions for as many steps, on the question's top documents alone 
 baseline), and every method is evaluated on held-out 2- and 3-hop questions (entities never seen in
 training questions). The seeds run as
 parallel processes (`--jobs`, one thread each by default). Prints EM on 3-hop questions and tokens per
-question by method, mean and spread over seeds, and each call's accuracy on gold inputs (the study's
-diagnosis); the last line is JSON.
+question by method, mean and spread over seeds, each call's accuracy on gold inputs (the study's
+diagnosis) and how well best-of-4's penalty picked among its chains; the last line is JSON.
 
     python benchmarks/toyworld.py [--config STUDY.yaml] [--seeds 0 1 2] [--jobs 3] [--out runs/toyworld]
 
@@ -109,6 +109,19 @@ def call_accuracy_3hop(summaries: list[dict]) -> dict[str, dict[str, float]]:
     }
 
 
+def judge_3hop(per_seed: list[dict], label: str = "corag_best_of_4") -> dict[str, float]:
+    """Best-of-4's judge on 3-hop questions, counts summed over seeds (corag.toystudy.judge_headroom)."""
+    judged = [r[label]["judge"]["3"] for r in per_seed if "3" in r.get(label, {}).get("judge", {})]
+    if not judged:
+        return {}
+    out = {
+        key: sum(j[key] for j in judged) for key in ("questions", "greedy", "any", "penalty", "link_check")
+    }
+    pairs = sum(j["pairs"] for j in judged)
+    ranked = sum(j["right_first"] * j["pairs"] for j in judged if j["pairs"])
+    return {**out, "pairs": pairs, "right_first": round(ranked / pairs, 3) if pairs else None}
+
+
 def report(
     args: argparse.Namespace,
     base: StudyConfig,
@@ -134,6 +147,14 @@ def report(
             f"calls of the {model} model on gold inputs, 3-hop: "
             + ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items())
         )
+    judge = judge_3hop(per_seed)
+    if judge:
+        print(
+            f"best-of-4 on {judge['questions']} 3-hop questions, chains right: greedy {judge['greedy']}, "
+            f"some chain {judge['any']}, the penalty's pick {judge['penalty']}, a link check "
+            f"{judge['link_check']}; the penalty ranks the right chain first in "
+            f"{judge['right_first'] or 0:.0%} of {judge['pairs']} (right, wrong) pairs"
+        )
     names = list(methods)
     x = [tokens[m]["mean"] for m in names]
     y = [em_all[m]["mean"] for m in names]
@@ -150,6 +171,7 @@ def report(
         >= three.get("corag_greedy", 0),
         "pareto_frontier": frontier,
         "call_accuracy_3hop": calls,
+        "best_of_4_judge_3hop": judge,
         # How far the warm start got (README, "The full study"): teacher-forced, fresh worlds.
         "warm_heldout_accuracy": json.loads((warm / "warm_start.json").read_text())["heldout_accuracy"],
         "seeds": args.seeds,

@@ -471,6 +471,53 @@ def balanced_by_hops(examples: list, n: int) -> list:
     return out
 
 
+def judge_headroom(examples: list, records: list[dict]) -> dict[str, dict[str, Any]]:
+    """How well best-of-N's penalty picks among its chains, by hop count, against two bounds.
+
+    A chain counts as right when its last sub-answer is a gold answer. Per hop count, the questions
+    whose chain is right: `greedy` (the first chain), `any` (some chain: what a perfect judge would
+    keep), `penalty` (the chain best-of-N kept) and `link_check`, a judge that reads only the question
+    and the chains' text: it keeps the greedy chain unless that one breaks a link (a sub-query about
+    another relation than the question's next, or another entity than the sub-answer before) and
+    another chain keeps every link. `right_first` is the share of a question's (right, wrong) chain
+    pairs that the penalty ranks right first, ties counting half, over `pairs` pairs.
+    """
+    from corag.data.toyworld import question
+    from corag.metrics import exact_match
+
+    def right(chain: list[dict], answers: tuple[str, ...]) -> bool:
+        return bool(chain) and any(exact_match(chain[-1]["subanswer"], a) for a in answers)
+
+    def linked(chain: list[dict], relations: list[str], subject: str) -> bool:
+        for relation, step in zip(relations, chain, strict=False):
+            if step["subquery"] != question([relation], subject):
+                return False
+            subject = step["subanswer"]
+        return len(chain) == len(relations)
+
+    out: dict[str, dict[str, Any]] = {}
+    for example, record in zip(examples, records, strict=True):
+        chains, penalties = record["chains"], record["penalties"]
+        ok = [right(c, example.answers) for c in chains]
+        links = [linked(c, example.meta["relations"], example.supporting_titles[0]) for c in chains]
+        pick = 0 if links[0] else next((i for i, kept in enumerate(links) if kept), 0)
+        by = out.setdefault(str(example.meta["hops"]), dict.fromkeys(
+            ("questions", "greedy", "any", "penalty", "link_check", "pairs", "right_first"), 0
+        ))  # fmt: skip
+        by["questions"] += 1
+        by["greedy"] += ok[0]
+        by["any"] += any(ok)
+        by["penalty"] += ok[record["best_chain"]]
+        by["link_check"] += ok[pick]
+        scored = [p for p, kept in zip(penalties, ok, strict=True) if kept and p is not None]
+        for wrong in (p for p, kept in zip(penalties, ok, strict=True) if not kept and p is not None):
+            by["pairs"] += len(scored)
+            by["right_first"] += sum((p < wrong) + 0.5 * (p == wrong) for p in scored)
+    for by in out.values():
+        by["right_first"] = round(by["right_first"] / by["pairs"], 3) if by["pairs"] else None
+    return out
+
+
 def evaluate_all(
     cfg: StudyConfig,
     out: Path,
@@ -515,6 +562,8 @@ def evaluate_all(
             extra_kwargs=extra,
         )
         results[label] = {"model": model, "spec": run.name, **score_records(examples, records, "toy")}
+        if records and "penalties" in records[0]:  # best-of-N: how well its judge picked
+            results[label]["judge"] = judge_headroom(examples, records)
         (path.parent / "metrics.json").write_text(json.dumps(results[label], indent=2))
     timings["evaluate"] = round(time.perf_counter() - start, 1)
     paths = write_results(results, out / "eval")

@@ -11,7 +11,8 @@ import torch
 
 from corag import quickstart
 from corag.data.formats import load_multihopqa
-from corag.toystudy import compute_dtype
+from corag.data.toyworld import generate_world, question
+from corag.toystudy import compute_dtype, judge_headroom
 
 SMALL = [
     "--num_entities", "60", "--num_distractors", "15", "--train_per_hop", "8", "--test_per_hop", "2",
@@ -72,6 +73,12 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
         assert result["tokens_per_question"] > 0, label
         lines = (out / "eval" / label / "predictions.jsonl").read_text().splitlines()
         assert len(lines) == 3
+    # Best-of-N's judge, counted on its own chains (the only run with penalties).
+    assert [label for label, r in results.items() if "judge" in r] == ["corag_best_of_2"]
+    for judged in results["corag_best_of_2"]["judge"].values():
+        assert judged["greedy"] <= judged["any"] <= judged["questions"]
+        assert judged["penalty"] <= judged["any"] and judged["link_check"] <= judged["any"]
+    assert sum(j["questions"] for j in results["corag_best_of_2"]["judge"].values()) == 3
     # More search costs more tokens: the chain strategies pay for the retrieval steps they add.
     assert results["corag_tree"]["tokens_per_question"] > results["corag_greedy"]["tokens_per_question"]
     table = (out / "eval" / "results.md").read_text()
@@ -133,3 +140,27 @@ def test_auto_dtype_is_bfloat16_only_where_its_products_are_fast(monkeypatch, cu
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     assert compute_dtype("auto") == expected
     assert compute_dtype("float32") == "float32"  # an explicit setting is kept
+
+
+def test_judge_headroom_scores_the_penalty_against_a_perfect_and_a_link_checking_judge():
+    world = generate_world(seed=3, num_entities=60, num_distractors=15, train_per_hop=4, test_per_hop=4)
+    first, second = [e for e in world.test if e.meta["hops"] == 3][:2]
+    gold = [{"subquery": s.subquery, "subanswer": s.subanswer} for s in first.decomposition]
+    relations = first.meta["relations"]
+    # Reading slipped at step 2; the chain still asks about what it read (every link kept).
+    misread = [*gold[:1], {**gold[1], "subanswer": "Nobody"}]
+    misread.append({"subquery": question(relations[2:], "Nobody"), "subanswer": "Elsewhere"})
+    # Step 3 asks about the first sub-answer instead of the second (a broken link).
+    broken = [*gold[:2], {"subquery": question(relations[2:], gold[0]["subanswer"]), "subanswer": "Nowhere"}]
+    records = [
+        {"chains": [broken, gold, misread, broken], "penalties": [-1.0, -2.0, -3.0, -0.5], "best_chain": 2},
+        {"chains": [[{"subquery": s.subquery, "subanswer": s.subanswer} for s in second.decomposition]] * 2,
+         "penalties": [-1.0, None], "best_chain": 0},
+    ]  # fmt: skip
+    judged = judge_headroom([first, second], records)
+    assert list(judged) == ["3"]
+    # The first question: greedy wrong, a perfect judge and the link check right, the penalty wrong;
+    # the right chain beats two of its three wrong ones on penalty. The second: every chain right.
+    assert judged["3"] == {
+        "questions": 2, "greedy": 1, "any": 2, "penalty": 1, "link_check": 2, "pairs": 3, "right_first": 0.667
+    }  # fmt: skip
