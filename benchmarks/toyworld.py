@@ -30,7 +30,7 @@ from pathlib import Path
 
 from corag.config import load_yaml
 from corag.scaling import pareto_frontier, plot_scaling
-from corag.toystudy import StudyConfig, compute_dtype, warm_start
+from corag.toystudy import JUDGE_COUNTS, StudyConfig, compute_dtype, warm_start
 
 METHODS = [
     "no_retrieval",
@@ -114,9 +114,7 @@ def judge_3hop(per_seed: list[dict], label: str = "corag_best_of_4") -> dict[str
     judged = [r[label]["judge"]["3"] for r in per_seed if "3" in r.get(label, {}).get("judge", {})]
     if not judged:
         return {}
-    out = {
-        key: sum(j[key] for j in judged) for key in ("questions", "greedy", "any", "penalty", "link_check")
-    }
+    out = {key: sum(j[key] for j in judged) for key in JUDGE_COUNTS}
     pairs = sum(j["pairs"] for j in judged)
     ranked = sum(j["right_first"] * j["pairs"] for j in judged if j["pairs"])
     return {**out, "pairs": pairs, "right_first": round(ranked / pairs, 3) if pairs else None}

@@ -29,6 +29,9 @@ from corag.errors import InputError
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "sft.py"
 
+# judge_headroom's counts of questions, per hop count (summed over seeds by benchmarks/toyworld.py).
+JUDGE_COUNTS = ("questions", "greedy", "any", "penalty", "link_check")
+
 # Table label -> (model, run spec). Models: "warm", "corag", "single_step".
 DEFAULT_EVALS = {
     "no_retrieval": ("corag", "greedy:L=0:docs=0"),
@@ -496,14 +499,14 @@ def judge_headroom(examples: list, records: list[dict]) -> dict[str, dict[str, A
         return len(chain) == len(relations)
 
     out: dict[str, dict[str, Any]] = {}
+    wins: dict[str, float] = {}  # per hop count: (right, wrong) pairs ranked right first, ties half
     for example, record in zip(examples, records, strict=True):
         chains, penalties = record["chains"], record["penalties"]
         ok = [right(c, example.answers) for c in chains]
         links = [linked(c, example.meta["relations"], example.supporting_titles[0]) for c in chains]
         pick = 0 if links[0] else next((i for i, kept in enumerate(links) if kept), 0)
-        by = out.setdefault(str(example.meta["hops"]), dict.fromkeys(
-            ("questions", "greedy", "any", "penalty", "link_check", "pairs", "right_first"), 0
-        ))  # fmt: skip
+        hops = str(example.meta["hops"])
+        by = out.setdefault(hops, dict.fromkeys((*JUDGE_COUNTS, "pairs"), 0))
         by["questions"] += 1
         by["greedy"] += ok[0]
         by["any"] += any(ok)
@@ -512,9 +515,9 @@ def judge_headroom(examples: list, records: list[dict]) -> dict[str, dict[str, A
         scored = [p for p, kept in zip(penalties, ok, strict=True) if kept and p is not None]
         for wrong in (p for p, kept in zip(penalties, ok, strict=True) if not kept and p is not None):
             by["pairs"] += len(scored)
-            by["right_first"] += sum((p < wrong) + 0.5 * (p == wrong) for p in scored)
-    for by in out.values():
-        by["right_first"] = round(by["right_first"] / by["pairs"], 3) if by["pairs"] else None
+            wins[hops] = wins.get(hops, 0.0) + sum((p < wrong) + 0.5 * (p == wrong) for p in scored)
+    for hops, by in out.items():
+        by["right_first"] = round(wins[hops] / by["pairs"], 3) if by["pairs"] else None
     return out
 
 
@@ -562,7 +565,7 @@ def evaluate_all(
             extra_kwargs=extra,
         )
         results[label] = {"model": model, "spec": run.name, **score_records(examples, records, "toy")}
-        if records and "penalties" in records[0]:  # best-of-N: how well its judge picked
+        if run.method == "best_of_n":  # how well its judge picked
             results[label]["judge"] = judge_headroom(examples, records)
         (path.parent / "metrics.json").write_text(json.dumps(results[label], indent=2))
     timings["evaluate"] = round(time.perf_counter() - start, 1)
