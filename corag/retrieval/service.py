@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default: this machine only)")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default=None, help="query encoder device")
+    ap.add_argument(
+        "--approx", default=None, help="search this approximate index of a dense folder (e.g. ivf-pq)"
+    )
     ap.add_argument("--max-queries", type=int, default=256, help="most queries in one request")
     ap.add_argument("--max-k", type=int, default=1000)
     ap.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -189,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from corag.retrieval import load_retriever
 
-    retriever = load_retriever(args.index, device=args.device)
+    retriever = load_retriever(
+        args.index, device=args.device, **({"approx": args.approx} if args.approx else {})
+    )
     app = create_app(
         retriever, args.max_queries, args.max_k, args.max_body_bytes, args.max_batch, args.max_wait_ms
     )

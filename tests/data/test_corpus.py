@@ -1,9 +1,15 @@
-"""The memory-mapped corpus: JSONL, parquet and datasets sources, id lookup, and the context corpus."""
+"""The corpus store: JSONL, parquet (file and hub-style folder), Arrow and saved-dataset sources converted
+once, lookups by id equal to a plain read of the source, concurrent opens, and the context corpus."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
+import random
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corag.data.corpus import Corpus, corpus_from_contexts, write_corpus_jsonl
+from corag.data.corpus import Corpus, corpus_from_contexts, prepare_corpus, write_corpus_jsonl
 from corag.data.formats import load_examples
 from corag.data.jsonl import read_jsonl
 from corag.errors import InputError
@@ -31,55 +37,78 @@ def test_jsonl_corpus_with_string_ids(tmp_path):
     corpus = Corpus.load(tmp_path / "corpus.jsonl")
     assert len(corpus) == 4 and list(corpus.ids) == [p.id for p in PASSAGES]
     assert corpus.ids[-1] == "10" and corpus.ids[1:3] == ["doc-a", "x/ü"]
-    assert corpus.get("x/ü") == PASSAGES[2]
+    assert corpus.get("x/ü") == PASSAGES[2] and not corpus.ids_are_rows
     assert corpus.get_many(["10", "doc-b", "10"]) == [PASSAGES[3], PASSAGES[0], PASSAGES[3]]
     assert [p for batch in corpus.iter_batches(3) for p in batch] == PASSAGES
     assert [len(b) for b in corpus.iter_batches(3)] == [3, 1]
+    assert [p.id for b in corpus.iter_batches(2, start=1, stop=3) for p in b] == ["doc-a", "x/ü"]
     for missing in ("doc-c", "1", "", "doc"):
         with pytest.raises(InputError, match="unknown document id") as err:
             corpus.get(missing)
         assert err.value.record == missing and str(tmp_path / "corpus.jsonl") in str(err.value)
+    # a Corpus travels to worker processes by path
+    assert pickle.loads(pickle.dumps(corpus)).get_many(["doc-a"]) == [PASSAGES[1]]
 
 
-def test_arrow_copy_is_written_once_and_rebuilt_when_the_source_changes(tmp_path):
+def test_store_is_written_once_and_rebuilt_when_the_source_changes(tmp_path):
     source = tmp_path / "corpus.jsonl"
     write_corpus_jsonl(source, PASSAGES)
     Corpus.load(source)
-    cached = tmp_path / "corpus.jsonl.arrow"
-    first = cached.stat().st_mtime_ns
+    store = tmp_path / "corpus.jsonl.corag"
+    first = (store / "store.json").stat().st_ino
     assert Corpus.load(source).get("doc-a").title == "Rira"
-    assert cached.stat().st_mtime_ns == first  # reused, not rewritten
+    assert (store / "store.json").stat().st_ino == first  # reused, not rewritten
+    assert Corpus.load(store).get("doc-a").title == "Rira"  # a store opens as it is
 
     write_corpus_jsonl(source, [Passage("doc-a", "Rira", "Rira is the capital of Kuto. (revised)")])
-    os.utime(source, ns=(first + 10**9, first + 10**9))
     corpus = Corpus.load(source)
     assert len(corpus) == 1 and corpus.get("doc-a").contents.endswith("(revised)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "corpus.jsonl",
+        "corpus.jsonl.corag",
+        "corpus.jsonl.corag.lock",
+    ]
 
 
 def test_cache_dir_is_used_when_given(tmp_path):
     source = tmp_path / "src" / "corpus.jsonl"
     write_corpus_jsonl(source, PASSAGES)
-    corpus = Corpus.from_jsonl(source, cache_dir=tmp_path / "cache")
+    corpus = Corpus.load(source, cache_dir=tmp_path / "cache")
     assert corpus.get("doc-b") == PASSAGES[0]
-    assert sorted(p.suffix for p in (tmp_path / "cache").iterdir()) == [".arrow", ".index"]
+    assert sorted(p.suffix for p in (tmp_path / "cache").iterdir()) == [".corag", ".lock"]
     assert sorted(p.name for p in (tmp_path / "src").iterdir()) == ["corpus.jsonl"]
 
 
-def test_reads_are_memory_mapped(tmp_path):
-    n = 20_000
-    rows = ({"id": f"p{i:05d}", "title": f"T{i}", "contents": "word " * 40 + str(i)} for i in range(n))
-    source = tmp_path / "big.jsonl"
-    source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    Corpus.load(source)  # build the Arrow copy and its id index
-    size = (tmp_path / "big.jsonl.arrow").stat().st_size
-    assert size > 4_000_000
+def random_texts(rng: random.Random, n: int) -> list[str]:
+    alphabet = 'abcdé ü\n"ßЖ中 '
+    return ["".join(rng.choices(alphabet, k=rng.randint(0, 40))) for _ in range(n)]
 
-    before = pa.total_allocated_bytes()
-    corpus = Corpus.load(source)
-    # neither the passages nor the id index were copied into Arrow's heap
-    assert pa.total_allocated_bytes() - before < size // 20
-    assert corpus.get("p12345").contents.endswith(" 12345")
-    assert corpus.ids[n - 1] == "p19999"
+
+def test_hub_parquet_shards_read_like_a_plain_read_of_the_source(tmp_path):
+    """Several record batches per file, several files: every lookup equals the source's own row."""
+    rng = random.Random(0)
+    folder = tmp_path / "kilt-corpus" / "data"
+    folder.mkdir(parents=True)
+    sizes = [40_000, 1, 25_000]
+    for i, size in enumerate(sizes):
+        table = pa.table({"title": random_texts(rng, size), "contents": random_texts(rng, size)})
+        pq.write_table(table, folder / f"train-{i:05d}-of-{len(sizes):05d}.parquet", row_group_size=7_000)
+    plain = pa.concat_tables(
+        pq.read_table(folder / f"train-{i:05d}-of-{len(sizes):05d}.parquet") for i in range(len(sizes))
+    )
+    corpus = Corpus.load(tmp_path / "kilt-corpus")
+    assert len(corpus) == plain.num_rows == sum(sizes) and corpus.ids_are_rows
+    rows = rng.sample(range(plain.num_rows), 500) + [0, 40_000, plain.num_rows - 1]
+    got = corpus.get_many([str(r) for r in rows])
+    assert [(p.title, p.contents) for p in got] == [
+        (plain["title"][r].as_py(), plain["contents"][r].as_py()) for r in rows
+    ]
+    batches = list(corpus.iter_batches(9_999, start=39_990, stop=40_010))
+    assert [p.contents for b in batches for p in b] == plain["contents"][39_990:40_010].to_pylist()
+
+    (folder / "train-00001-of-00003.parquet").unlink()
+    with pytest.raises(InputError, match="shard 00001 of 00003 is missing"):
+        Corpus.load(tmp_path / "kilt-corpus", cache_dir=tmp_path / "other")
 
 
 def test_parquet_without_id_column_uses_row_numbers(tmp_path):
@@ -89,7 +118,7 @@ def test_parquet_without_id_column_uses_row_numbers(tmp_path):
     assert list(corpus.ids) == ["0", "1", "2", "3"]
     assert corpus.get("2") == Passage("2", "Émile", PASSAGES[2].contents)
     assert [p.id for p in corpus.get_many(["3", "0"])] == ["3", "0"]
-    for bad in ("4", "02", "-1", "doc-a", "1.0"):
+    for bad in ("4", "02", "-1", "doc-a", "1.0", "\u0663"):
         with pytest.raises(InputError, match="unknown document id"):
             corpus.get(bad)
 
@@ -109,9 +138,10 @@ def test_parquet_with_integer_ids_and_bad_columns(tmp_path):
     pq.write_table(pa.table({"title": ["a", "b"], "contents": ["x", None]}), tmp_path / "e.parquet")
     with pytest.raises(InputError, match="null value in row 1"):
         Corpus.load(tmp_path / "e.parquet")
+    assert not list(tmp_path.glob("e.parquet.corag*/"))
 
 
-def test_datasets_source_in_memory_and_from_disk(tmp_path):
+def test_saved_datasets_and_arrow_files(tmp_path):
     import datasets
 
     ds = datasets.Dataset.from_dict(
@@ -121,23 +151,25 @@ def test_datasets_source_in_memory_and_from_disk(tmp_path):
             "contents": [p.contents for p in PASSAGES],
         }
     )
-    corpus = Corpus.from_dataset(ds)
-    assert corpus.get("doc-a") == PASSAGES[1] and list(corpus.ids) == [p.id for p in PASSAGES]
-    # a selection keeps only its rows, in its order
-    picked = Corpus.from_dataset(ds.select([3, 0]))
+    ds.select([3, 0]).save_to_disk(str(tmp_path / "picked"))
+    picked = Corpus.load(tmp_path / "picked")
     assert list(picked.ids) == ["10", "doc-b"] and picked.get("doc-b") == PASSAGES[0]
 
     no_ids = ds.remove_columns("id")
-    no_ids.save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": no_ids}).save_to_disk(str(tmp_path / "saved"))
     loaded = Corpus.load(tmp_path / "saved")
     assert list(loaded.ids) == ["0", "1", "2", "3"] and loaded.get("1").title == "Rira"
 
+    with pa.OSFile(str(tmp_path / "c.arrow"), "wb") as f, pa.ipc.new_file(f, no_ids.data.schema) as w:
+        w.write_table(no_ids.data.table)
+    assert Corpus.load(tmp_path / "c.arrow").get("3") == Passage("3", "Gold", PASSAGES[3].contents)
 
-def test_ids_equal_to_row_numbers_need_no_index(tmp_path):
+
+def test_ids_equal_to_row_numbers_need_no_id_column(tmp_path):
     write_corpus_jsonl(tmp_path / "c.jsonl", [Passage(str(i), f"T{i}", f"text {i}") for i in range(5)])
     corpus = Corpus.load(tmp_path / "c.jsonl")
-    assert corpus.get("3").contents == "text 3"
-    assert not (tmp_path / "c.jsonl.arrow.index").exists()
+    assert corpus.get("3").contents == "text 3" and corpus.ids_are_rows
+    assert not list((tmp_path / "c.jsonl.corag").glob("id.*"))
     with pytest.raises(InputError, match="unknown document id"):
         corpus.get("5")
 
@@ -147,14 +179,12 @@ def test_duplicate_and_malformed_corpus_records(tmp_path):
     with pytest.raises(InputError, match=r"duplicate passage id \(rows 1 and 4\)") as err:
         Corpus.load(tmp_path / "dup.jsonl")
     assert err.value.record == "doc-a" and err.value.field == "id"
-    assert not (tmp_path / "dup.jsonl.arrow.index").exists()
 
     lines = ['{"id": "a", "title": "A", "contents": "x"}', '{"id": "b", "title": "B"}']
     (tmp_path / "missing.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(InputError, match="missing") as err:
         Corpus.load(tmp_path / "missing.jsonl")
     assert (err.value.line, err.value.record, err.value.field) == (2, "b", "contents")
-    assert not (tmp_path / "missing.jsonl.arrow").exists()  # nothing half-written
 
     lines = ['{"title": "A", "contents": "x"}', '{"id": "b", "title": "B", "contents": "y"}']
     (tmp_path / "mixed.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -162,18 +192,87 @@ def test_duplicate_and_malformed_corpus_records(tmp_path):
         Corpus.load(tmp_path / "mixed.jsonl")
     assert err.value.line == 2
 
+    (tmp_path / "latin1.jsonl").write_bytes(
+        b'{"title": "A", "contents": "x"}\n{"title": "caf\xe9", "contents": "y"}\n'
+    )
+    with pytest.raises(InputError, match="not UTF-8") as err:
+        Corpus.load(tmp_path / "latin1.jsonl")
+    assert err.value.line == 2
+
+    (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
+    with pytest.raises(InputError, match="no passages"):
+        Corpus.load(tmp_path / "empty.jsonl")
+
     (tmp_path / "corpus.tsv").write_text("a\tb\n", encoding="utf-8")
     with pytest.raises(InputError, match="unknown corpus suffix"):
         Corpus.load(tmp_path / "corpus.tsv")
+    # nothing half-written: no store and no temporary folder for any of the bad sources
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.text(min_size=0, max_size=6), min_size=1, max_size=40, unique=True))
 def test_any_unique_string_ids_are_found_in_their_rows(ids):
-    table = pa.table({"id": ids, "title": [f"t{i}" for i in range(len(ids))], "contents": ids})
-    corpus = Corpus(table)
-    assert [corpus.row(i) for i in ids] == list(range(len(ids)))
-    assert [p.contents for p in corpus.get_many(ids)] == ids
+    with tempfile.TemporaryDirectory() as tmp:
+        write_corpus_jsonl(Path(tmp) / "c.jsonl", [Passage(i, f"t{n}", i) for n, i in enumerate(ids)])
+        corpus = Corpus.load(Path(tmp) / "c.jsonl")
+        assert [corpus.row(i) for i in ids] == list(range(len(ids)))
+        assert [p.contents for p in corpus.get_many(ids)] == ids
+
+
+OPEN_AND_REPORT = """
+import os, sys
+from corag.data.corpus import Corpus
+corpus = Corpus.load(sys.argv[1])
+print(os.stat(corpus.store / "store.json").st_ino, corpus.get(sys.argv[2]).contents)
+"""
+
+
+def test_processes_opening_one_source_at_once_convert_it_once(tmp_path):
+    passages = [Passage(f"p{i}", f"T{i}", f"text {i} " * 20) for i in range(30_000)]
+    write_corpus_jsonl(tmp_path / "c.jsonl", passages)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_AND_REPORT, str(tmp_path / "c.jsonl"), "p29999"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "TQDM_DISABLE": "1"},
+        )
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    inodes = {out.split()[0] for out, _ in outputs}
+    assert len(inodes) == 1  # all three read the one store that one of them wrote
+    assert all(out.split(maxsplit=1)[1].strip() == passages[-1].contents.strip() for out, _ in outputs)
+
+
+def test_a_process_waits_while_another_holds_the_store_lock(tmp_path):
+    from corag.data.corpus import _locked, default_store_path
+
+    write_corpus_jsonl(tmp_path / "c.jsonl", PASSAGES)
+    with _locked(default_store_path(tmp_path / "c.jsonl")):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", OPEN_AND_REPORT, str(tmp_path / "c.jsonl"), "doc-a"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert "waiting for another process" in proc.stderr.readline()
+        assert proc.poll() is None and not (tmp_path / "c.jsonl.corag").exists()
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out.split(maxsplit=1)[1].strip() == PASSAGES[1].contents
+
+
+def test_prepare_command_writes_a_store(tmp_path, capsys):
+    from corag.cli import main
+
+    write_corpus_jsonl(tmp_path / "c.jsonl", PASSAGES)
+    assert main(["corpus", "prepare", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "store")]) == 0
+    assert "4 passages in" in capsys.readouterr().out
+    assert Corpus.load(tmp_path / "store").get("doc-a") == PASSAGES[1]
+    assert prepare_corpus(tmp_path / "c.jsonl", tmp_path / "store") == tmp_path / "store"
 
 
 def test_corpus_from_the_real_samples_contexts(shared_data: Path, tmp_path):

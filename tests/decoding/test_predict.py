@@ -14,10 +14,10 @@ OFFICIAL = ("query", "answers", "query_id", "context_doc_ids", "subqueries", "su
 
 @pytest.fixture(scope="module")
 def bm25_dir(toy_world, tmp_path_factory):
-    from corag.retrieval.bm25 import BM25Retriever
+    from corag.retrieval.bm25 import build_bm25_folder
 
     folder = tmp_path_factory.mktemp("bm25") / "index"
-    BM25Retriever.from_passages(toy_world.passages).save(folder)
+    build_bm25_folder([toy_world.passages], folder)
     return folder
 
 

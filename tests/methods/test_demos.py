@@ -85,7 +85,7 @@ def test_demos_from_the_toy_world(toy_world, toy_dir: Path, tmp_path: Path) -> N
     from corag.data.corpus import Corpus
     from corag.retrieval.bm25 import BM25Retriever
 
-    corpus = Corpus.from_jsonl(toy_dir / "corpus.jsonl", cache_dir=tmp_path)
+    corpus = Corpus.load(toy_dir / "corpus.jsonl", cache_dir=tmp_path)
     retriever = BM25Retriever.from_passages(toy_world.passages)
     demos = demos_from_examples(toy_world.train, corpus, n=5, retriever=retriever, seed=1)
     assert len(demos) == 5

@@ -45,7 +45,7 @@ class Recording(WrappedLM):
 
 @pytest.fixture(scope="module")
 def setup(toy_world, toy_dir: Path, tiny_model_dir: Path, tmp_path_factory):
-    corpus = Corpus.from_jsonl(toy_dir / "corpus.jsonl", cache_dir=tmp_path_factory.mktemp("corpus-cache"))
+    corpus = Corpus.load(toy_dir / "corpus.jsonl", cache_dir=tmp_path_factory.mktemp("corpus-cache"))
     retriever = BM25Retriever.from_passages(toy_world.passages)
     lm = HFLM(tiny_model_dir)
     demos = demos_from_examples(toy_world.train, corpus, n=2, retriever=retriever, seed=0)

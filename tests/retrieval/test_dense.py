@@ -1,4 +1,5 @@
-"""Dense retrieval with the real MiniLM model and exact search (faiss fp32 / fp16, torch shards)."""
+"""Dense retrieval with the real MiniLM model: exact search streamed from chunks on CPU, torch shards,
+rows read from `.npy` files by byte offset, saved folders loaded without reading their vectors."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import pytest
 
 from corag.errors import InputError
 from corag.retrieval import load_retriever
-from corag.retrieval.dense import DenseRetriever, Encoder, FaissIndex, TorchIndex, load_dense, resolve_model
+from corag.retrieval.dense import (
+    DenseRetriever,
+    Encoder,
+    ExactIndex,
+    NpyRows,
+    TorchIndex,
+    load_dense,
+    resolve_model,
+)
 from corag.retrieval.index import build_dense
 
 
@@ -71,51 +80,56 @@ def test_prefixes_and_query_truncation(encoder):
     assert np.allclose(encoder.encode_queries([long]), full, atol=1e-6)
 
 
-def test_fp16_storage_and_torch_shards_agree_with_exact_fp32():
+def test_exact_search_over_chunks_files_and_shards_equals_brute_force(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1000, 32)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     q = x[rng.choice(1000, 40, replace=False)] + 0.1 * rng.standard_normal((40, 32)).astype(np.float32)
-    exact = FaissIndex.empty(32)
-    exact.add(x)
-    s32, i32 = exact.search(q, 10)
     brute = np.argsort(-(q @ x.T), axis=1)[:, :10]
-    assert (i32 == brute).all()
+    brute_scores = np.take_along_axis(q @ x.T, brute, axis=1)
 
-    half = FaissIndex.empty(32, "float16")
-    half.add(x)
-    s16, i16 = half.search(q, 10)
+    s32, i32 = ExactIndex([x[:333], x[333:700], x[700:]], block_rows=64).search(q, 10)
+    assert (i32 == brute).all() and np.allclose(s32, brute_scores, atol=1e-5)
+    # fp16 chunk files read by rows: the same top-1, scores to fp16 precision
+    files = []
+    for n, part in enumerate(np.split(x, [500, 501])):
+        np.save(tmp_path / f"{n}.npy", part.astype(np.float16))
+        files.append(NpyRows(tmp_path / f"{n}.npy"))
+    assert [len(f) for f in files] == [500, 1, 499] and files[0].dtype == np.float16
+    s16, i16 = ExactIndex(files, block_rows=100).search(q, 10)
     assert (i16[:, 0] == i32[:, 0]).all() and np.allclose(s16, s32, atol=1e-2)
+    assert np.array_equal(files[2][7:9], x[508:510].astype(np.float16))
+    assert np.array_equal(files[0][np.array([4, 2, 4])], x[[4, 2, 4]].astype(np.float16))
+    rows = np.array([999, 0, 500, 501, 0])
+    assert np.allclose(ExactIndex(files).vectors(rows), x[rows], atol=1e-3)
 
-    # Three uneven shards, fed from chunks that straddle shard borders, searched in blocks of 64 rows.
-    chunks = [x[:333], x[333:700], x[700:]]
-    for dtype in ("float32", "float16"):
-        import torch
+    # three uneven torch shards, fed from chunks that straddle shard borders, searched in blocks
+    import torch
 
+    for dtype in (torch.float32, torch.float16):
         shards = TorchIndex.from_chunks(
-            chunks, 1000, 32, ["cpu"] * 3, dtype=getattr(torch, dtype), block_rows=64
+            files, 1000, 32, ["cpu"] * 3, dtype=dtype, block_rows=64, read_rows=77
         )
         st, it = shards.search(q, 10)
-        if dtype == "float32":
-            assert (it == i32).all() and np.allclose(st, s32, atol=1e-5)
-        else:
-            assert (it[:, 0] == i32[:, 0]).all() and np.allclose(st, s32, atol=1e-2)
-    st, it = TorchIndex.from_chunks(chunks, 1000, 32, ["cpu"] * 2).search(q[:2], 1005)
+        assert (it[:, 0] == i32[:, 0]).all() and np.allclose(st, s32, atol=1e-2)
+    st, it = TorchIndex.from_chunks([x], 1000, 32, ["cpu"] * 2).search(q[:2], 1005)
     assert (it[:, 1000:] == -1).all() and set(it[0, :1000]) == set(range(1000))
+    _, ie = ExactIndex([x]).search(q[:2], 1005)
+    assert (ie[:, 1000:] == -1).all() and set(ie[0, :1000]) == set(range(1000))
 
 
-def test_saved_index_loads_on_faiss_and_on_shards(encoder, toy_world, tmp_path):
+def test_saved_index_loads_streamed_on_cpu_and_on_shards(encoder, toy_world, tmp_path):
     from corag.data.corpus import Corpus, write_corpus_jsonl
 
     write_corpus_jsonl(tmp_path / "corpus.jsonl", toy_world.passages)
     corpus = Corpus.load(tmp_path / "corpus.jsonl")
-    build_dense(corpus, tmp_path / "idx", encoder, chunk_size=16)
+    build_dense(corpus, tmp_path / "idx", encoder, chunk_size=16, dtype="float32")
     direct = DenseRetriever.from_passages(toy_world.passages, encoder)
     queries = [q.query for q in toy_world.test[:8]]
     expected = direct.search(queries, 5)
 
-    loaded = load_retriever(tmp_path / "idx", device="cpu")
-    assert isinstance(loaded.index, FaissIndex)
+    loaded = load_retriever(tmp_path / "idx", device="cpu", shard_devices=[])
+    assert isinstance(loaded.index, ExactIndex) and all(isinstance(c, NpyRows) for c in loaded.index.chunks)
     got = loaded.search(queries, 5)
     # chunked encoding batches passages differently, so scores agree to float precision only
     assert [[h.doc_id for h in row] for row in got] == [[h.doc_id for h in row] for row in expected]
@@ -134,7 +148,7 @@ def test_load_refuses_an_encoder_the_index_was_not_built_with(encoder, toy_world
 
     write_corpus_jsonl(tmp_path / "corpus.jsonl", toy_world.passages[:5])
     build_dense(Corpus.load(tmp_path / "corpus.jsonl"), tmp_path / "idx", encoder)
-    assert len(load_dense(tmp_path / "idx", encoder=encoder).search(["x"], 10)[0]) == 5
+    assert len(load_dense(tmp_path / "idx", encoder=encoder, shard_devices=[]).search(["x"], 10)[0]) == 5
     encoder.query_prefix = "query: "
     try:
         with pytest.raises(InputError, match="query prefix") as err:

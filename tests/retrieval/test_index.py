@@ -1,4 +1,5 @@
-"""`corag index`: chunked, atomic, resumable dense builds; killed mid-way and resumed gives the same index."""
+"""`corag index`: chunked, atomic, resumable dense builds (killed mid-way and resumed gives the same
+index), sharded builds merged, released-layout embeddings imported, approximate indexes with recall."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import pytest
 
 from corag.data.corpus import Corpus, write_corpus_jsonl
 from corag.errors import InputError
+from corag.retrieval import index as index_module
 from corag.retrieval import load_retriever
-from corag.retrieval.dense import Encoder
-from corag.retrieval.index import CHUNK_DIR, build_dense
+from corag.retrieval.dense import Encoder, load_dense
+from corag.retrieval.index import CHUNK_DIR, build_approx, build_dense, import_embeddings, merge_dense
 from corag.types import Passage
 
 
@@ -70,7 +72,7 @@ def test_killed_build_resumes_to_an_identical_index(corpus_file, encoder, tmp_pa
         "--model",
         "minilm",
     ]
-    cmd += ["--chunk-size", str(chunk_size), "--device", "cpu"]
+    cmd += ["--chunk-size", str(chunk_size), "--device", "cpu", "--dtype", "float32"]
     # one thread like the in-process builds, so that every chunk is encoded alike
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
@@ -88,18 +90,19 @@ def test_killed_build_resumes_to_an_identical_index(corpus_file, encoder, tmp_pa
     assert proc.returncode == -signal.SIGKILL
     written = sorted((out / CHUNK_DIR).glob("*.npy"))
     assert 3 <= len(written) < n_chunks, "the build must be killed part-way"
-    assert not (out / "index.faiss").exists()
     assert json.loads((out / "manifest.json").read_text())["complete"] is False
     with pytest.raises(InputError, match="did not finish"):
         load_retriever(out)
     before = {p.name: p.stat().st_mtime_ns for p in written}
 
     # the re-run (in-process here, with the same model) picks up where the killed one stopped
-    build_dense(corpus, out, encoder, chunk_size=chunk_size)
+    build_dense(corpus, out, encoder, chunk_size=chunk_size, dtype="float32")
     assert f"reused {len(written)} finished chunk(s) of {n_chunks}" in capsys.readouterr().out
     assert {p.name: p.stat().st_mtime_ns for p in written} == before  # finished chunks were not redone
 
-    reference = build_dense(corpus, tmp_path / "uninterrupted", encoder, chunk_size=chunk_size)
+    reference = build_dense(
+        corpus, tmp_path / "uninterrupted", encoder, chunk_size=chunk_size, dtype="float32"
+    )
     got, want = folder_state(out), folder_state(reference)
     assert sorted(got) == sorted(want)
     assert len([n for n in got if n.startswith(CHUNK_DIR)]) == n_chunks
@@ -115,11 +118,10 @@ def test_manifest_ids_and_fp16_chunks(encoder, tmp_path):
         Passage(f"doc-{i}", f"Title {i}", f"Passage number {i} about topic {i % 4}.") for i in range(10)
     ]
     write_corpus_jsonl(tmp_path / "c.jsonl", passages)
-    out = build_dense(
-        Corpus.load(tmp_path / "c.jsonl"), tmp_path / "idx", encoder, chunk_size=4, dtype="float16"
-    )
+    out = build_dense(Corpus.load(tmp_path / "c.jsonl"), tmp_path / "idx", encoder, chunk_size=4)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["complete"] and manifest["num_chunks"] == 3 and manifest["corpus_size"] == 10
+    assert manifest["complete"] and len(manifest["chunks"]) == 3 and manifest["corpus_size"] == 10
+    assert [c["rows"] for c in manifest["chunks"]] == [4, 4, 2]
     assert manifest["model"] == encoder.name and manifest["dim"] == 384 and manifest["dtype"] == "float16"
     assert len(manifest["corpus_fingerprint"]) == 32 and not manifest["ids_are_rows"]
     chunks = sorted((out / CHUNK_DIR).glob("*.npy"))
@@ -155,3 +157,135 @@ def test_resume_refuses_other_settings_or_a_changed_corpus(encoder, tmp_path):
     # --overwrite starts afresh
     build_dense(Corpus.load(tmp_path / "b.jsonl"), out, encoder, chunk_size=4, overwrite=True)
     assert load_retriever(out, device="cpu").search(["edited contents"], 1)[0][0].doc_id == "5"
+
+
+def test_sharded_encode_merged_equals_one_process(corpus_file, encoder, tmp_path):
+    corpus = Corpus.load(corpus_file)
+    reference = build_dense(corpus, tmp_path / "one", encoder, chunk_size=40)
+    out = tmp_path / "sharded"
+    for shard in (2, 0):
+        assert build_dense(corpus, out, encoder, chunk_size=40, shard=shard, num_shards=3) == out
+    with pytest.raises(InputError, match=r"chunk \d+ of \d+ is missing"):
+        merge_dense(corpus, out)
+    with pytest.raises(InputError, match="did not finish"):
+        load_retriever(out)
+    build_dense(corpus, out, encoder, chunk_size=40, shard=1, num_shards=3)
+    merge_dense(corpus, out)
+    assert folder_state(out) == folder_state(reference)
+    with pytest.raises(InputError, match="not in 0..2"):
+        build_dense(corpus, tmp_path / "bad", encoder, chunk_size=40, shard=3, num_shards=3)
+
+
+def write_release_shards(folder, vectors: np.ndarray, sizes: list[int], dtype=None) -> None:
+    """Embeddings laid out as the released CoRAG ones: NAME-shard-N.pt, [rows, dim] tensors in order."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bounds = np.cumsum([0] + sizes)
+    for n, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        torch.save(torch.from_numpy(vectors[a:b]).to(dtype or torch.float16), folder / f"minilm-shard-{n}.pt")
+
+
+def test_imported_release_shards_search_like_the_encoded_index(corpus_file, encoder, tmp_path):
+    corpus = Corpus.load(corpus_file)
+    passages = [p for batch in corpus.iter_batches(64) for p in batch]
+    vectors = encoder.encode_passages(passages)
+    n = len(passages)
+    write_release_shards(tmp_path / "emb", vectors, [n // 3, 0, n - n // 3 - 5, 5])
+    imported = import_embeddings(corpus, tmp_path / "imported", tmp_path / "emb", encoder)
+    encoded = build_dense(corpus, tmp_path / "encoded", encoder, chunk_size=50)
+    manifest = json.loads((imported / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["source"] == "import"
+    assert [c["rows"] for c in manifest["chunks"]] == [n // 3, 0, n - n // 3 - 5, 5]
+    queries = [p.contents for p in passages[::25]] + ["who directed the film", "a city on a river"]
+    got = load_dense(imported, encoder=encoder, shard_devices=[]).search(queries, 10)
+    want = load_dense(encoded, encoder=encoder, shard_devices=[]).search(queries, 10)
+    assert [[h.doc_id for h in row] for row in got] == [[h.doc_id for h in row] for row in want]
+
+    (tmp_path / "emb" / "minilm-shard-3.pt").unlink()
+    with pytest.raises(InputError, match=f"the 3 shards hold {n - 5} vectors, the corpus has {n} passages"):
+        import_embeddings(corpus, tmp_path / "short", tmp_path / "emb", encoder)
+    write_release_shards(tmp_path / "wide", np.zeros((n, 8), np.float32), [n])
+    with pytest.raises(InputError, match="8 dimensions, the encoder gives 384"):
+        import_embeddings(corpus, tmp_path / "w", tmp_path / "wide", encoder)
+    (tmp_path / "gap").mkdir()
+    for name in ("e5-large-shard-0.pt", "e5-large-shard-2.pt"):
+        (tmp_path / "gap" / name).write_bytes(b"")
+    with pytest.raises(InputError, match="shard 1 of 0..2 is missing"):
+        import_embeddings(corpus, tmp_path / "g", tmp_path / "gap", encoder)
+    (tmp_path / "gap" / "e5-large-shard-1.pt").write_bytes(b"not a tensor")
+    with pytest.raises(InputError, match="cannot load as a torch tensor"):
+        import_embeddings(corpus, tmp_path / "g", tmp_path / "gap", encoder)
+    assert not (tmp_path / "short").exists() and not (tmp_path / "g").exists()  # refused before writing
+
+
+def test_interrupted_import_resumes_without_duplicates(corpus_file, encoder, tmp_path, monkeypatch):
+    corpus = Corpus.load(corpus_file)
+    n = len(corpus)
+    rng = np.random.default_rng(0)
+    write_release_shards(
+        tmp_path / "emb", rng.standard_normal((n, 384)).astype(np.float32), [100, 100, n - 200]
+    )
+    reference = import_embeddings(corpus, tmp_path / "reference", tmp_path / "emb", encoder)
+
+    real, calls = index_module.atomic_write, []
+
+    def dies_on_the_second_shard(path, write):
+        if path.parent.name == CHUNK_DIR:
+            calls.append(path)
+            if len(calls) == 2:  # killed while the second shard is written
+                raise KeyboardInterrupt
+        real(path, write)
+
+    monkeypatch.setattr(index_module, "atomic_write", dies_on_the_second_shard)
+    with pytest.raises(KeyboardInterrupt):
+        import_embeddings(corpus, tmp_path / "out", tmp_path / "emb", encoder)
+    monkeypatch.setattr(index_module, "atomic_write", real)
+    out = tmp_path / "out"
+    assert len(list((out / CHUNK_DIR).glob("*.npy"))) == 1 and not list(out.rglob(".tmp-*"))
+    first = next((out / CHUNK_DIR).glob("*.npy")).stat().st_mtime_ns
+    import_embeddings(corpus, out, tmp_path / "emb", encoder)
+    assert next((out / CHUNK_DIR).glob("000000-*.npy")).stat().st_mtime_ns == first  # not redone
+    assert folder_state(out) == folder_state(reference)  # three chunks, no duplicate rows
+
+
+def clustered(n: int, dim: int, seed: int) -> np.ndarray:
+    """Vectors with the structure approximate search relies on: clusters in a low-rank subspace."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((50, dim)).astype(np.float32)
+    basis = rng.standard_normal((16, dim)).astype(np.float32)
+    x = centres[rng.integers(0, 50, n)] + rng.standard_normal((n, 16)).astype(np.float32) @ basis * 0.3
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_approximate_indexes_report_recall_against_exact(encoder, tmp_path):
+    n = 4000
+    passages = [Passage(str(i), f"T{i}", f"text {i}") for i in range(n)]
+    write_corpus_jsonl(tmp_path / "c.jsonl", passages)
+    corpus = Corpus.load(tmp_path / "c.jsonl")
+    write_release_shards(tmp_path / "emb", clustered(n, 384, 0), [n])
+    out = import_embeddings(corpus, tmp_path / "idx", tmp_path / "emb", encoder)
+
+    flat = build_approx(out, "ivf-flat", nlist=16, nprobe=16, rerank=0, k=10)
+    assert flat["recall@10"] == pytest.approx(1.0)  # every list probed: exact up to ties
+    pq = build_approx(out, "ivf-pq", nlist=16, pq_m=16, nprobe=4, rerank=50, train_size=4000, k=10)
+    assert pq["bytes"] < 0.25 * pq["exact_bytes"]
+    assert pq["recall@10"] >= pq["recall@10_without_rerank"] and 0 < pq["recall@10"] <= 1
+    hnsw = build_approx(out, "hnsw", hnsw_m=8, ef_search=64, rerank=0, k=10)
+    assert 0.5 < hnsw["recall@10"] <= 1
+    assert sorted(p.name for p in (out / "approx").iterdir()) == [
+        "hnsw.faiss",
+        "hnsw.json",
+        "ivf-flat.faiss",
+        "ivf-flat.json",
+        "ivf-pq.faiss",
+        "ivf-pq.json",
+    ]
+    r = load_dense(out, encoder=encoder, approx="ivf-pq")
+    exact = load_dense(out, encoder=encoder, shard_devices=[])
+    vectors = clustered(n, 384, 0)[:20]
+    assert [h[0].doc_id for h in r.search_vectors(vectors, 5)] == [
+        h[0].doc_id for h in exact.search_vectors(vectors, 5)
+    ]
+    with pytest.raises(InputError, match="no approximate index 'ivf'"):
+        load_dense(out, encoder=encoder, approx="ivf")

@@ -13,7 +13,7 @@ import pytest
 
 from corag.errors import InputError
 from corag.retrieval import load_retriever
-from corag.retrieval.bm25 import BM25Retriever
+from corag.retrieval.bm25 import BM25Retriever, build_bm25_folder
 from corag.retrieval.client import RetrieverClient
 from corag.retrieval.service import BackgroundServer, create_app
 from corag.types import Hit
@@ -163,8 +163,8 @@ def test_client_retries_until_the_service_is_up(bm25):
             s.__exit__(None, None, None)
 
 
-def test_serve_retriever_command(bm25, tmp_path):
-    bm25.save(tmp_path / "bm25")
+def test_serve_retriever_command(bm25, toy_world, tmp_path):
+    build_bm25_folder([toy_world.passages], tmp_path / "bm25")
     port = free_port()
     cmd = [sys.executable, "-m", "corag.cli", "serve-retriever", str(tmp_path / "bm25"), "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -21,7 +21,7 @@ from corag.lm import load_lm
 from corag.lm.base import ScoreRequest
 from corag.metrics import exact_match, max_over_golds
 from corag.prompts import final_answer_messages, task_description
-from corag.retrieval.bm25 import BM25Retriever
+from corag.retrieval.bm25 import BM25Retriever, build_bm25_folder
 from corag.sampling import (
     SamplingConfig,
     chain_lengths,
@@ -41,7 +41,7 @@ FLAGS = ["--num_chains", "3", "--max_length", "3", "--batch_size", "32", "--bloc
 def setup(toy_world, toy_dir, short_model_dir, tmp_path_factory):
     """A BM25 index folder, the first questions of the toy world and the loaded pieces."""
     root = tmp_path_factory.mktemp("sampling")
-    BM25Retriever.from_passages(list(toy_world.passages)).save(root / "bm25")
+    build_bm25_folder([list(toy_world.passages)], root / "bm25")
     questions = root / "questions.jsonl"
     lines = (toy_dir / "train.jsonl").read_text().splitlines()[:NUM_QUESTIONS]
     questions.write_text("\n".join(lines) + "\n")
