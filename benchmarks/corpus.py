@@ -37,6 +37,7 @@ LOOKUPS, IDS_PER_LOOKUP = 10_000, 20
 
 
 def rss_mb(field: str = "VmRSS") -> float:
+    """A memory figure of this process from /proc (VmRSS, VmHWM = peak, RssAnon, RssFile), in MiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
@@ -47,8 +48,8 @@ def vocabulary(size: int = 200_000, seed: int = 0) -> tuple[np.ndarray, np.ndarr
     """Synthetic words and Zipf-like frequencies (rank^-1.1), as natural text roughly has."""
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    lengths = rng.integers(3, 10, size)
-    words = np.array(["".join(rng.choice(letters, n)) + str(i % 7) for i, n in enumerate(lengths)])
+    lengths = rng.integers(2, 9, size)  # 5 letters on average, as English words
+    words = np.array(["".join(rng.choice(letters, n)) for n in lengths])
     p = 1.0 / np.arange(1, size + 1) ** 1.1
     return words, p / p.sum()
 
@@ -170,7 +171,7 @@ def phase_bm25_search(out: str) -> dict:
 
     before = rss_mb()
     retriever = BM25Retriever.load(out)
-    opened = rss_mb()
+    opened, anon, mapped = rss_mb(), rss_mb("RssAnon"), rss_mb("RssFile")
     queries = _queries(200, 3)
     retriever.search(queries[:10], 20)
     start = time.perf_counter()
@@ -180,6 +181,9 @@ def phase_bm25_search(out: str) -> dict:
         "qps": len(queries) / (time.perf_counter() - start),
         "open_rss_growth_mb": opened - before,
         "search_rss_growth_mb": rss_mb() - opened,
+        # the mapped index pages of the queried tokens' columns: page cache shared by processes
+        "search_mapped_growth_mb": rss_mb("RssFile") - mapped,
+        "search_private_growth_mb": rss_mb("RssAnon") - anon,
     }
 
 
@@ -207,22 +211,29 @@ def synthetic_encoder(dim: int) -> SimpleNamespace:
     )
 
 
-def phase_dense_import(store: str, shards: str, out: str, rows: int, dim: int) -> dict:
-    """Write released-layout fp16 torch shards of clustered vectors, then import them."""
+def phase_shards(shards: str, rows: int, dim: int) -> dict:
+    """Released-layout fp16 torch shards (`e5-large-shard-N.pt`) of clustered vectors."""
     import torch
 
-    from corag.data.corpus import Corpus
-    from corag.retrieval.index import import_embeddings
-
     Path(shards).mkdir(parents=True, exist_ok=True)
-    per_shard = -(-rows // 4)
+    per_shard = -(-rows // 8)
     for i, a in enumerate(range(0, rows, per_shard)):
         part = clustered_vectors(min(per_shard, rows - a), dim, seed=100 + i)
         torch.save(torch.from_numpy(part).half(), Path(shards) / f"e5-large-shard-{i}.pt")
-    base = rss_mb("VmHWM")
+    return {"shards": i + 1}
+
+
+def phase_dense_import(store: str, shards: str, out: str, dim: int) -> dict:
+    from corag.data.corpus import Corpus
+    from corag.retrieval.index import import_embeddings
+
     start = time.perf_counter()
     import_embeddings(Corpus(store), out, shards, synthetic_encoder(dim))  # type: ignore[arg-type]
-    return {"seconds": time.perf_counter() - start, "peak_rss_mb": rss_mb("VmHWM"), "peak_before_mb": base}
+    return {
+        "seconds": time.perf_counter() - start,
+        "peak_rss_mb": rss_mb("VmHWM"),
+        "peak_anon_mb": rss_mb("RssAnon"),
+    }
 
 
 def _query_vectors(index, n: int, seed: int) -> np.ndarray:
@@ -301,6 +312,7 @@ PHASES = {
     "bm25": phase_bm25,
     "bm25_baseline": phase_bm25_baseline,
     "bm25_search": phase_bm25_search,
+    "shards": phase_shards,
     "dense_import": phase_dense_import,
     "dense_search": phase_dense_search,
     "approx": phase_approx,
@@ -397,13 +409,16 @@ def main() -> None:
         out[f"bm25_index_gib_{tag}"] = bm25["index_bytes"] / 2**30
         out[f"bm25_qps_{tag}"] = bm25_search["qps"]
         out[f"bm25_search_rss_growth_mb_{tag}"] = bm25_search["search_rss_growth_mb"]
+        out[f"bm25_search_private_growth_mb_{tag}"] = bm25_search["search_private_growth_mb"]
 
         rows, dim = args.dense_rows, args.dim
         store = work / f"s{rows}" if (work / f"s{rows}").exists() else work / f"s{small}"
-        imp = run("dense_import", str(store), str(work / "shards"), str(work / "dense"), rows, dim)
+        run("shards", str(work / "shards"), rows, dim)
+        imp = run("dense_import", str(store), str(work / "shards"), str(work / "dense"), dim)
         shutil.rmtree(work / "shards")
         dense = run("dense_search", str(work / "dense"))
         out["dense_import_seconds_1m"] = imp["seconds"]
+        out["dense_import_peak_rss_gb_1m"] = imp["peak_rss_mb"] / 1024
         out["dense_file_gib_1m"] = dense["file_bytes"] / 2**30
         out["dense_load_rss_growth_ratio"] = dense["load_rss_growth_ratio"]
         out["dense_search_rss_growth_mb"] = dense["search_rss_growth_mb"]
@@ -422,7 +437,7 @@ def main() -> None:
         out["approx_build_seconds_1m"] = pq["build_seconds"]
         sub = run("subset", str(work / "dense"), args.small_rows, dim)["out"]
         for kind, params in (
-            ("ivf-flat", {"nlist": 256, "nprobe": 16, "rerank": 0}),
+            ("ivf-flat", {"nlist": 256, "nprobe": 32, "rerank": 0}),
             ("hnsw", {"hnsw_m": 32, "ef_search": 128, "rerank": 0}),
         ):
             r = run("approx", sub, kind, args.small_rows, params)

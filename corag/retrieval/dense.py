@@ -77,7 +77,8 @@ class Encoder:
         self.query_max_length = query_max_length
         self.batch_size = batch_size
         self.model = SentenceTransformer(model, device=device)
-        if fp16 if fp16 is not None else self.model.device.type == "cuda":
+        use_fp16 = self.model.device.type == "cuda" if fp16 is None else fp16
+        if use_fp16:
             self.model.half()
         self.dim = int(self.model.get_embedding_dimension())
 

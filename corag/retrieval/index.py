@@ -292,47 +292,44 @@ def import_embeddings(
     the rows of all shards adding up to the corpus size. Each shard becomes one chunk, written
     atomically, so an interrupted import resumes with the shards still missing.
     """
+    import torch
+
     out = Path(out)
     shards = embedding_shards(embeddings)
-    tensors = [_load_shard(p, encoder.dim) for p in shards]
-    total = sum(int(t.shape[0]) for t in tensors)
-    if total != len(corpus):
+    rows = [_shard_rows(p, encoder.dim) for p in shards]
+    if sum(rows) != len(corpus):
         raise InputError(
-            f"the {len(shards)} shards hold {total} vectors, the corpus has {len(corpus)} passages",
+            f"the {len(shards)} shards hold {sum(rows)} vectors, the corpus has {len(corpus)} passages",
             file=str(embeddings),
         )
     source = {
         "source": "import",
-        "embeddings": [
-            {"file": p.name, "rows": int(t.shape[0])} for p, t in zip(shards, tensors, strict=True)
-        ],
+        "embeddings": [{"file": p.name, "rows": n} for p, n in zip(shards, rows, strict=True)],
     }
-    settings = _settings(encoder, corpus, dtype, source)
-    chunks = _start(out, settings, overwrite)
+    chunks = _start(out, _settings(encoder, corpus, dtype, source), overwrite)
+    store = torch.float16 if dtype == "float16" else torch.float32
+    header = {"descr": np.dtype(np.float16 if dtype == "float16" else np.float32).str, "fortran_order": False}
     files = []
-    for i, (path, tensor) in enumerate(
-        tqdm(list(zip(shards, tensors, strict=True)), desc="importing", unit="shard", disable=None)
+    for i, (path, n) in enumerate(
+        tqdm(list(zip(shards, rows, strict=True)), desc="importing", unit="shard", disable=None)
     ):
         target = chunks / f"{i:06d}-{path.stem}.npy"
-        rows = int(tensor.shape[0])
-        if not (target.exists() and read_npy_shape(target) == (rows, encoder.dim)):
+        if not (target.exists() and read_npy_shape(target) == (n, encoder.dim)):
 
-            def write(f, t=tensor, n=rows) -> None:
-                np.lib.format.write_array_header_2_0(
-                    f,
-                    {
-                        "descr": np.dtype(np.float16 if dtype == "float16" else np.float32).str,
-                        "fortran_order": False,
-                        "shape": (n, encoder.dim),
-                    },
-                )
+            def write(f, path=path, n=n) -> None:
+                tensor = _load_shard(path, encoder.dim)  # mapped, read block by block, unmapped after
+                np.lib.format.write_array_header_2_0(f, {**header, "shape": (n, encoder.dim)})
                 for a in range(0, n, block_rows):
-                    f.write(_store(t[a : a + block_rows].float().numpy(), dtype).tobytes())
+                    f.write(tensor[a : a + block_rows].to(store).numpy().tobytes())
 
             atomic_write(target, write)
-        files.append({"file": target.relative_to(out).as_posix(), "rows": rows})
-    del tensors
+        files.append({"file": target.relative_to(out).as_posix(), "rows": n})
     return _finish(out, json.loads((out / "manifest.json").read_text()), files, corpus)
+
+
+def _shard_rows(path: Path, dim: int) -> int:
+    """The row count of a shard, checked (the tensor is mapped, not read, and released at once)."""
+    return int(_load_shard(path, dim).shape[0])
 
 
 # Approximate indexes -------------------------------------------------------------------------------
