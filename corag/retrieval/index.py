@@ -474,7 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--from-embeddings", default=None, help="import NAME-shard-N.pt files instead of encoding"
     )
-    ap.add_argument("--approx", choices=APPROX_KINDS, default=None, help="also build this approximate index")
+    ap.add_argument(
+        "--approx",
+        choices=APPROX_KINDS,
+        default=None,
+        help="also build this approximate index (a finished folder is used as it is)",
+    )
     ap.add_argument("--factory", default=None, help="faiss index_factory string (overrides --approx's)")
     ap.add_argument("--nlist", type=int, default=None, help="IVF lists (default about 4 x sqrt(rows))")
     ap.add_argument("--pq-m", type=int, default=64, help="IVF-PQ bytes per vector")
@@ -493,33 +498,31 @@ def main(argv: list[str] | None = None) -> int:
         out = build_bm25(corpus, args.out, overwrite=args.overwrite)
         print(f"bm25 index of {len(corpus)} passages written to {out}")
         return 0
-    model, qp, pp, qmax = resolve_model(args.model)
-    encoder = Encoder(
-        model,
-        qp if args.query_prefix is None else args.query_prefix,
-        pp if args.passage_prefix is None else args.passage_prefix,
-        qmax if args.query_max_length is None else args.query_max_length,
-        device=args.device,
-        batch_size=args.batch_size,
-    )
-    if args.from_embeddings:
-        out = import_embeddings(corpus, args.out, args.from_embeddings, encoder, args.dtype, args.overwrite)
-    elif args.merge:
-        out = merge_dense(corpus, args.out)
+    out = Path(args.out)
+    finished = _is_complete(out, {"kind": "dense", "corpus_size": len(corpus)})
+    if args.approx and finished and not (args.from_embeddings or args.merge or args.overwrite):
+        print(f"adding an approximate index to the finished index in {out}")
     else:
-        out = build_dense(
-            corpus,
-            args.out,
-            encoder,
-            args.chunk_size,
-            args.dtype,
-            args.overwrite,
-            args.shard,
-            args.num_shards,
+        model, qp, pp, qmax = resolve_model(args.model)
+        encoder = Encoder(
+            model,
+            qp if args.query_prefix is None else args.query_prefix,
+            pp if args.passage_prefix is None else args.passage_prefix,
+            qmax if args.query_max_length is None else args.query_max_length,
+            device=args.device,
+            batch_size=args.batch_size,
         )
-        if args.num_shards > 1:
-            return 0
-    print(f"dense index of {len(corpus)} passages written to {out}")
+        if args.from_embeddings:
+            out = import_embeddings(corpus, out, args.from_embeddings, encoder, args.dtype, args.overwrite)
+        elif args.merge:
+            out = merge_dense(corpus, out)
+        else:
+            out = build_dense(
+                corpus, out, encoder, args.chunk_size, args.dtype, args.overwrite, args.shard, args.num_shards
+            )
+            if args.num_shards > 1:
+                return 0
+        print(f"dense index of {len(corpus)} passages written to {out}")
     if args.approx:
         report = build_approx(
             out,
