@@ -70,7 +70,8 @@ class Chain:
 
 @dataclass(frozen=True)
 class Usage:
-    """Tokens metered for model calls: prompt tokens of every sequence plus generated tokens."""
+    """Tokens metered for model calls: each call's prompt once (however many samples it draws) plus
+    the generated tokens of every sample, as the CoRAG release counts them."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
