@@ -257,11 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-extra", action="store_true", help="leave out ids not in the gold file")
     args = parser.parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
-    try:
-        result = score_submission(args.submission, args.gold, ks=ks, allow_extra=args.allow_extra)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    result = score_submission(args.submission, args.gold, ks=ks, allow_extra=args.allow_extra)
     print(json.dumps(result, indent=2))
     return 0
 

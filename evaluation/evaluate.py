@@ -9,7 +9,7 @@ Every option: `--help`. For KILT files (`*-kilt.jsonl`) a submission file is wri
 
 import sys
 
-from corag.evaluation import main
+from corag.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["evaluate", *sys.argv[1:]]))

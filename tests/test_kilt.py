@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from corag.cli import main as cli_main
 from corag.errors import InputError
 from corag.kilt import (
     KiltPrediction,
     load_gold,
-    main,
     read_jsonl,
     score_pairs,
     score_submission,
@@ -524,9 +524,9 @@ def test_gold_without_answers_is_an_error(tmp_path):
 
 def test_main_prints_scores_and_reports_errors(tmp_path, small_gold, gold_records, capsys):
     sub = _write_lines(tmp_path / "sub.jsonl", _good_lines(gold_records))
-    assert main([str(sub), str(small_gold), "--ks", "1,2"]) == 0
+    assert cli_main(["kilt-score", str(sub), str(small_gold), "--ks", "1,2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["count"] == 3 and "recall@2" in result["retrieval"]
     bad = _write_lines(tmp_path / "bad.jsonl", _good_lines(gold_records)[:2])
-    assert main([str(bad), str(small_gold)]) == 2
+    assert cli_main(["kilt-score", str(bad), str(small_gold)]) == 2
     assert "no prediction" in capsys.readouterr().err

@@ -559,10 +559,20 @@ def _first_record_keys(path: Path) -> set[str]:
     return set()
 
 
+def _input_file(source: PathLike) -> Path:
+    """`source` as a Path to an existing file, or an InputError saying what it is instead."""
+    path = Path(source)
+    if path.is_dir():
+        raise InputError("is a folder, not a file", file=str(path))
+    if not path.is_file():
+        raise InputError("no such file", file=str(path))
+    return path
+
+
 def detect_format(path: PathLike) -> str:
     """Guess the format from the file name and suffix (and, for a generic `.jsonl`, the keys of its
     first record). InputError when it cannot tell: pass `fmt` then."""
-    path = Path(path)
+    path = _input_file(path)
     name, suffix = path.name.lower(), path.suffix.lower()
     if suffix == ".csv":
         return "bamboogle"
@@ -600,9 +610,7 @@ def load_examples(source: Any, fmt: str | None = None, **kwargs: Any) -> list[Ex
         if fmt != "multihopqa":
             raise InputError(f"only the multihopqa format loads from a dataset object, not {fmt!r}")
         return load_multihopqa(source, **kwargs)
-    path = Path(source)
-    if not path.is_file():
-        raise InputError("no such file", file=str(path))
+    path = _input_file(source)
     fmt = fmt or detect_format(path)
     if fmt not in LOADERS:
         raise InputError(f"unknown format {fmt!r}; choose one of {sorted(LOADERS)}", file=str(path))
