@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from corag import tasks
 from corag.budget import BudgetExceeded
 from corag.errors import InputError
 from corag.executor import Context
@@ -30,7 +31,6 @@ from corag.prompts import (
     stop_messages,
     subanswer_messages,
     subquery_messages,
-    task_description,
 )
 from corag.types import Example, Passage, Step, Usage
 
@@ -203,9 +203,8 @@ async def open_question(
         raise InputError(f"the number of documents must be 0 or more, got {docs}", field="docs")
     hits = await ctx.search(example.query, docs) if docs else []
     passages = tuple(corpus.get_many([hit.doc_id for hit in hits]))
-    question = Question(
-        example.id, example.query, task_desc or task_description(example.task), corpus, passages
-    )
+    task_desc = task_desc or tasks.task_description(example.task, example.meta)
+    question = Question(example.id, example.query, task_desc, corpus, passages)
     if not keep_room_for_final(ctx, question, ()) and ctx.meter.budget is not None:
         ctx.meter.reserve = ctx.meter.budget  # not even the bare final answer fits: start nothing
     return question

@@ -263,7 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--data", required=True, help="questions (HotpotQA, 2Wiki, MuSiQue, Bamboogle, KILT, JSONL)"
     )
-    p.add_argument("--fmt", default=None, help="format of --data (detected from the name when not given)")
+    p.add_argument("--fmt", default=None, help="format of --data (told by its records' keys when not given)")
+    p.add_argument(
+        "--task", default=None, help="task of the questions (default: the records' own, else the file name's)"
+    )
+    p.add_argument("--aliases", default=None, help="2WikiMultihopQA id_aliases.json (aliases and demonyms)")
     p.add_argument("--dataset", default=None, help="metric rules: hotpotqa, 2wikimultihopqa, musique, ... ")
     p.add_argument("--out-dir", required=True, type=Path)
     p.add_argument("--predictions", type=Path, help="score this prediction file instead of running a model")
@@ -288,9 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from corag.data.formats import detect_format, load_examples
+    from corag.decoding.predict import question_options
 
     fmt = args.fmt or detect_format(args.data)
-    examples = load_examples(args.data, fmt)[: args.limit]
+    examples = load_examples(args.data, fmt, **question_options(args))[: args.limit]
     dataset = args.dataset or (examples[0].task if examples else "squad")
     dataset = dataset if dataset in ("hotpotqa", "2wikimultihopqa", "musique") else "squad"
     kilt = fmt == "kilt"

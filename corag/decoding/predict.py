@@ -20,7 +20,7 @@ from tqdm import tqdm
 from corag.decoding import STRATEGIES, get_strategy
 from corag.errors import InputError
 from corag.executor import Executor
-from corag.prompts import task_description
+from corag.tasks import get_task
 from corag.types import Example
 
 
@@ -43,8 +43,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stop-bias", type=float, default=None, help="learned stop with this logit bias on Yes")
     p.add_argument("--budget", type=int, default=None, help="token budget per question")
     p.add_argument(
-        "--task", default=None, help="task name for the task description (default: each question's)"
+        "--task",
+        default=None,
+        help="task of the questions (nq, kilt_hotpotqa, ...; default: the records' own, else the file name's)",
     )
+    p.add_argument("--aliases", default=None, help="2WikiMultihopQA id_aliases.json (aliases and demonyms)")
     p.add_argument("--max-active", type=int, default=256, help="questions decoded at once")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument("--out", required=True, help="predictions JSONL (appended; re-runs resume)")
@@ -63,19 +66,19 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.max_active < 1:
         raise InputError(f"must be 1 or more, got {args.max_active}", field="--max-active")
     if args.task is not None:
-        try:
-            task_description(args.task)
-        except ValueError as exc:
-            raise InputError(str(exc), field="--task") from None
+        get_task(args.task, field="--task")
 
 
 def strategy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"max_steps": args.max_steps, "stop_bias": args.stop_bias}
     if args.strategy == "best_of_n":
         kwargs["n"] = args.n
-    if args.task is not None:
-        kwargs["task_desc"] = task_description(args.task)
     return kwargs
+
+
+def question_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What `load_examples` takes from the command line: the task, and 2Wiki's alias file."""
+    return {"task": args.task, **({"aliases": args.aliases} if args.aliases else {})}
 
 
 def done_ids(out: Path) -> set[str]:
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from corag.lm import load_lm
     from corag.retrieval import load_retriever
 
-    examples = load_examples(args.data, args.format)[: args.limit]
+    examples = load_examples(args.data, args.format, **question_options(args))[: args.limit]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     todo = pending_examples(examples, done_ids(out), args.data)
