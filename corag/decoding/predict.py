@@ -17,6 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from corag.chain import FINAL_DOCS, check_dataset_docs
 from corag.decoding import STRATEGIES, get_strategy
 from corag.errors import InputError
 from corag.executor import Executor
@@ -42,6 +43,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=4, help="chains for best_of_n")
     p.add_argument("--stop-bias", type=float, default=None, help="learned stop with this logit bias on Yes")
     p.add_argument("--budget", type=int, default=None, help="token budget per question")
+    p.add_argument(
+        "--final-docs",
+        default="auto",
+        choices=FINAL_DOCS,
+        help="final answer's documents: the data's context_doc_ids when it has them (auto, as the official "
+        "inference), always them (dataset), or a search of the question (retrieve)",
+    )
     p.add_argument(
         "--task",
         default=None,
@@ -70,7 +78,11 @@ def check_settings(args: argparse.Namespace) -> None:
 
 
 def strategy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"max_steps": args.max_steps, "stop_bias": args.stop_bias}
+    kwargs: dict[str, Any] = {
+        "max_steps": args.max_steps,
+        "stop_bias": args.stop_bias,
+        "final_docs": args.final_docs,
+    }
     if args.strategy == "best_of_n":
         kwargs["n"] = args.n
     return kwargs
@@ -128,9 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(examples) - len(todo)} of {len(examples)} questions already in {out}; {len(todo)} to go")
     if not todo:
         return 0
+    corpus = Corpus.load(args.corpus)
+    given = check_dataset_docs(todo, corpus, args.final_docs)
+    print(
+        f"final-answer documents: the data's context_doc_ids for {given} question(s), searched for the rest"
+    )
     lm_kwargs = {"device": args.device} if args.backend == "hf" and args.device else {}
     lm = load_lm(args.model, backend=args.backend, **lm_kwargs)
-    corpus = Corpus.load(args.corpus)
     retriever = load_retriever(args.index or args.retriever_url)
     strategy, kwargs = get_strategy(args.strategy), strategy_kwargs(args)
     executor = Executor(lm, retriever, max_active=args.max_active)
