@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "merge": ("corag.sampling:merge_main", "merge sampling shards, checking ids"),
     "evaluate": ("corag.evaluation:main", "evaluate predictions or a checkpoint (also evaluation/)"),
     "kilt-score": ("corag.kilt:main", "validate and score a KILT submission file"),
+    "kilt-pages": ("corag.kilt:pages_main", "map page titles to Wikipedia ids (KILT knowledge source)"),
     "demos": ("corag.methods.demos:main", "build IRCoT demonstrations (MuSiQue or toy world)"),
     "warmstart": ("corag.warmstart:main", "write warm-start examples from fresh toy worlds"),
     "toystudy": ("corag.toystudy:main", "the full toy-world study (see benchmarks/toyworld.py)"),

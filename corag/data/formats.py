@@ -494,26 +494,35 @@ def load_bamboogle(path: PathLike, *, task: str | None = None, **_: Any) -> list
 # KILT ----------------------------------------------------------------------------------------------
 
 
-def _kilt_outputs(
-    r: dict[str, Any], where: dict[str, Any]
-) -> tuple[list[str], list[str], list[str], list[Any]]:
-    """Answers, provenance page ids, titles and provenance entries of a KILT record's outputs."""
-    answers, pages, titles, provenance = [], [], [], []
+class _KiltOutputs(NamedTuple):
+    answers: list[str]
+    titles: list[str]
+    provenance: list[Any]
+    evidence: list[list[str]]  # the page ids of each output that has provenance (KILT's evidence sets)
+
+
+def _kilt_outputs(r: dict[str, Any], where: dict[str, Any]) -> _KiltOutputs:
+    """Answers, provenance titles, provenance entries and evidence sets of a KILT record's outputs."""
+    found = _KiltOutputs([], [], [], [])
     for k, out in enumerate(r.get("output") or []):
         if not isinstance(out, dict):
             raise InputError(f"output {k}: expected an object", field="output", **where)
         if isinstance(out.get("answer"), str):
-            answers.append(out["answer"])
+            found.answers.append(out["answer"])
         elif out.get("answer") is not None:
             raise InputError(f"output {k}: expected a string answer", field="answer", **where)
+        if "provenance" not in out:
+            continue
+        pages = []
         for prov in out.get("provenance") or []:
             page = prov.get("wikipedia_id") if isinstance(prov, dict) else None
             if isinstance(page, bool) or not isinstance(page, str | int):
                 raise InputError(f"output {k}: provenance without wikipedia_id", field="provenance", **where)
-            pages.append(str(page))
-            titles.append(prov.get("title") or "")
-            provenance.append(prov)
-    return answers, pages, titles, provenance
+            pages.append(str(page).strip())
+            found.titles.append(prov.get("title") or "")
+            found.provenance.append(prov)
+        found.evidence.append(pages)
+    return found
 
 
 def load_kilt(
@@ -523,8 +532,8 @@ def load_kilt(
     [{wikipedia_id, title}]}]`.
 
     Answers are the non-empty stripped `answer` strings of all outputs (some outputs only carry
-    provenance); `supporting_pages` are the provenance Wikipedia page ids and `supporting_titles`
-    their titles. A test file (no record answered) loads with empty answers; `require_answers=True`
+    provenance); `supporting_pages` are the provenance Wikipedia page ids, `supporting_titles` their
+    titles, and `meta["evidence"]` the page ids of each output's provenance (KILT's evidence sets). A test file (no record answered) loads with empty answers; `require_answers=True`
     refuses it, `False` accepts any record without answers.
     """
     path = Path(path)
@@ -535,18 +544,19 @@ def load_kilt(
             r = {**r, "id": str(r["id"])}  # some KILT files (e.g. zsRE) use integer ids
         check_fields(r, {"id": str, "input": str}, {"output": list, "task": str}, **_kw(where))
         ids.add(r["id"], row.line)
-        answers, pages, titles, provenance = _kilt_outputs(r, where)
-        answers_t = _dedup(answers)
+        outputs = _kilt_outputs(r, where)
+        answers_t = _dedup(outputs.answers)
         if require_answers and not answers_t:
             raise InputError("no non-empty answer in any output", field="output", **where)
+        meta = {"provenance": outputs.provenance, "evidence": outputs.evidence}
         example = Example(
             id=r["id"],
             query=r["input"],
             answers=answers_t,
             task=_task_name(path, task, r.get("task"), kilt=True, where=where),
-            supporting_pages=_dedup(pages),
-            supporting_titles=_dedup(titles),
-            meta={"provenance": provenance, **({"meta": r["meta"]} if "meta" in r else {})},
+            supporting_pages=_dedup(p for pages in outputs.evidence for p in pages),
+            supporting_titles=_dedup(outputs.titles),
+            meta={**meta, **({"meta": r["meta"]} if "meta" in r else {})},
         )
         rows.append((where, example))
     return [e for _, e in rows] if require_answers is False else _check_answered(rows, "output")
