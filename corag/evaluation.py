@@ -370,7 +370,8 @@ def write_official_files(
 ) -> list[Path]:
     """The official inference's files for a CoRAG run, beside ours: `preds_{strategy}_{task}_{split}.jsonl`
     (the question's fields, `task_desc`, `prediction`, `subqueries`, `subanswers`) and
-    `metrics_{task}_{split}_{strategy}.json` (its keys; EM and F1 by its rule, SQuAD's, rounded to 3)."""
+    `metrics_{task}_{split}_{strategy}.json` (its keys; EM and F1 by its rule, SQuAD's, rounded to 3;
+    none for a test split)."""
     strategy, length = official_strategy(run)
     task = eval_task(examples)
     preds = folder / f"preds_{strategy}_{task}_{split}.jsonl"
@@ -391,6 +392,8 @@ def write_official_files(
         )
     write_jsonl(preds, lines)
     scored = score_records(examples, records, "corag")
+    if not scored["answered"]:  # a test split: nothing to score, no metrics file
+        return [preds]
     metrics = {
         "em": round(scored.get("em", 0.0), 3),
         "f1": round(scored.get("f1", 0.0), 3),

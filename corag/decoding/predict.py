@@ -59,6 +59,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-active", type=int, default=256, help="questions decoded at once")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument("--out", required=True, help="predictions JSONL (appended; re-runs resume)")
+    p.add_argument(
+        "--official-files",
+        action="store_true",
+        help="also write the official inference's preds_{strategy}_{task}_{split}.jsonl (and metrics) beside --out",
+    )
+    p.add_argument(
+        "--split", default=None, help="split name for the official files (default: from the file name)"
+    )
     return p.parse_args(argv)
 
 
@@ -139,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = pending_examples(examples, done_ids(out), args.data)
     print(f"{len(examples) - len(todo)} of {len(examples)} questions already in {out}; {len(todo)} to go")
     if not todo:
-        return 0
+        return write_official(args, examples, out)
     corpus = Corpus.load(args.corpus)
     given = check_dataset_docs(todo, corpus, args.final_docs)
     print(
@@ -161,4 +169,19 @@ def main(argv: list[str] | None = None) -> int:
             bar.update()
             bar.set_postfix(tokens_per_q=tokens // bar.n)
     print(f"wrote {len(todo)} predictions to {out} (mean {tokens / len(todo):.0f} tokens per question)")
+    return write_official(args, examples, out)
+
+
+def write_official(args: argparse.Namespace, examples: Sequence[Example], out: Path) -> int:
+    """With --official-files, the official inference's files for everything in `out`, beside it."""
+    if not args.official_files:
+        return 0
+    from corag.evaluation import Run, read_predictions, write_official_files
+    from corag.tasks import split_from_path
+
+    run = Run(args.strategy, (("max_steps", args.max_steps),))
+    records = read_predictions(out, examples, require_all=True)
+    split = args.split or split_from_path(args.data) or "validation"
+    paths = write_official_files(out.parent, run, examples, records, split)
+    print(f"official files: {', '.join(str(p) for p in paths)}")
     return 0
