@@ -12,8 +12,10 @@ from corag.tasks import TASKS, get_task, split_from_path, task_from_path
 PAPER = {
     "aidayago2": "link the mention surrounded by [START_ENT] and [END_ENT] to the title of the correct "
     "Wikipedia page",
-    "wned": "link the mention surrounded by [START_ENT] and [END_ENT] to the title of the correct Wikipedia page",
-    "cweb": "link the mention surrounded by [START_ENT] and [END_ENT] to the title of the correct Wikipedia page",
+    "wned": "link the mention surrounded by [START_ENT] and [END_ENT] to the title of the correct "
+    "Wikipedia page",
+    "cweb": "link the mention surrounded by [START_ENT] and [END_ENT] to the title of the correct "
+    "Wikipedia page",
     "trex": "given head entity and relation separated by [SEP], find the correct tail entity, return the "
     "title of its Wikipedia page",
     "structured_zeroshot": "given head entity and relation separated by [SEP], find the correct tail entity, "

@@ -473,14 +473,14 @@ def load_bamboogle(path: PathLike, *, task: str | None = None, **_: Any) -> list
         rid = f"bamboogle-{row_no - 1}"
         where = {"file": str(path), "line": reader.line_num, "record": rid}
         width = width or len(row)
-        if len(row) < 5:
-            raise InputError(f"expected at least 5 columns, got {len(row)}", field="column 4", **where)
         if len(row) != width:
             raise InputError(
                 f"{len(row)} columns where the first row has {width}: the file looks cut short",
                 field=f"column {len(row) - 1}",
                 **where,
             )
+        if len(row) < 5:
+            raise InputError(f"expected at least 5 columns, got {len(row)}", field="column 4", **where)
         question = row[0].strip()
         if not question:
             raise InputError("empty question", field="column 0", **where)
@@ -533,7 +533,8 @@ def load_kilt(
 
     Answers are the non-empty stripped `answer` strings of all outputs (some outputs only carry
     provenance); `supporting_pages` are the provenance Wikipedia page ids, `supporting_titles` their
-    titles, and `meta["evidence"]` the page ids of each output's provenance (KILT's evidence sets). A test file (no record answered) loads with empty answers; `require_answers=True`
+    titles, and `meta["evidence"]` the page ids of each output's provenance (KILT's evidence sets).
+    A test file (no record answered) loads with empty answers; `require_answers=True`
     refuses it, `False` accepts any record without answers.
     """
     path = Path(path)

@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--task",
         default=None,
-        help="task of the questions (nq, kilt_hotpotqa, ...; default: the records' own, else the file name's)",
+        help="task of the questions (nq, kilt_hotpotqa, ...; default: the records' own, else the name's)",
     )
     p.add_argument("--aliases", default=None, help="2WikiMultihopQA id_aliases.json (aliases and demonyms)")
     p.add_argument("--max-active", type=int, default=256, help="questions decoded at once")
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--official-files",
         action="store_true",
-        help="also write the official inference's preds_{strategy}_{task}_{split}.jsonl (and metrics) beside --out",
+        help="also write the official inference's preds_{strategy}_{task}_{split}.jsonl and metrics file",
     )
     p.add_argument(
         "--split", default=None, help="split name for the official files (default: from the file name)"
