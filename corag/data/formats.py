@@ -405,15 +405,10 @@ def load_musique(
     task_name = _task_name(path, task, default="musique")
     ids, examples = UniqueIds(path), []
     required = {"id": str, "question": str, "answer": str}
-    optional = {
-        "answer_aliases": list,
-        "question_decomposition": list,
-        "answerable": bool,
-        "paragraphs": list,
-    }
+    optional = dict.fromkeys(("answer_aliases", "question_decomposition", "paragraphs"), list)
     for row in read_rows(path):
         r, where = row.record, _where(path, row, "id")
-        check_fields(r, required, optional, **_kw(where))
+        check_fields(r, required, {**optional, "answerable": bool}, **_kw(where))
         ids.add(r["id"], row.line)
         answerable = r.get("answerable", True)
         if answerable_only and not answerable:
