@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from corag.budget import Meter
 from corag.chain import FINAL_DOCS, DecodeResult, check_dataset_docs
-from corag.data.jsonl import JsonlAppender, atomic_write, iter_jsonl, write_jsonl
+from corag.data.jsonl import JsonlAppender, atomic_write, input_file, iter_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.executor import Context, Executor
 from corag.kilt import passage_pages, read_page_ids, record_answer, warn_missing, write_kilt_submission
@@ -178,7 +178,7 @@ def read_predictions(
     wanted = {e.id for e in examples}
     skipped = set(known) - wanted
     by_id: dict[str, dict[str, Any]] = {}
-    for line, record in iter_jsonl(path):
+    for line, record in iter_jsonl(input_file(path)):
         qid = record.get("query_id")
         where = {"file": str(path), "line": line}
         if not isinstance(qid, str):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from corag.data.jsonl import input_file
 from corag.errors import InputError
 from corag.metrics import kilt_answer_scores, kilt_precision_at_k, kilt_recall_at_k, r_precision
 
@@ -70,7 +71,7 @@ def write_submission(path: str | Path, predictions: Iterable[KiltPrediction]) ->
 def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; a line that is not a JSON object is an error."""
     records = []
-    with open(path, "rb") as f:
+    with input_file(path).open("rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8")
@@ -257,9 +258,7 @@ def score_submission(
 
 def read_page_ids(path: str | Path) -> dict[str, str]:
     """A map from page title to Wikipedia page id: a JSON object (`corag kilt-pages` writes one)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("no such file" if not path.is_dir() else "is a folder, not a file", file=str(path))
+    path = input_file(path)
     try:
         mapping = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -319,9 +318,7 @@ def build_page_ids(knowledge_source: str | Path, out: str | Path, progress: bool
     first page (the repeats are counted). Returns {"pages", "duplicate_titles"}."""
     from tqdm import tqdm
 
-    path = Path(knowledge_source)
-    if not path.is_file():
-        raise InputError("no such file" if not path.is_dir() else "is a folder, not a file", file=str(path))
+    path = input_file(knowledge_source)
     mapping: dict[str, str] = {}
     duplicates = 0
     with (

@@ -128,6 +128,8 @@ CASES = [
      "duplicate prediction", "line 2"),
     ("missing predictions refused", lambda d, t: ["--data", _good_kilt(d, t), "--require-all", "--predictions", _preds(t, d, [(0, {"prediction": "a"})])],
      "no prediction for 2 question(s)", "field 'query_id'"),
+    ("a prediction file that is not there", lambda d, t: ["--data", _good_kilt(d, t), "--predictions", t / "gone.jsonl"],
+     "gone.jsonl: no such file", ""),
     ("an empty prediction file", lambda d, t: ["--data", _good_kilt(d, t), "--predictions", _write(t / "p.jsonl", b"\n")],
      "no predictions in the file", "p.jsonl"),
     ("a page map that is not one", lambda d, t: ["--data", _good_kilt(d, t), "--page-ids", _write(t / "pages.json", b"[1, 2]")],

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from corag.data.jsonl import UniqueIds, check_fields, check_str_list, iter_jsonl
+from corag.data.jsonl import UniqueIds, check_fields, check_str_list, input_file, iter_jsonl
 from corag.errors import InputError
 from corag.tasks import get_task, task_from_path
 from corag.types import Example, Step
@@ -61,18 +61,6 @@ class Row(NamedTuple):
     line: int | None
     index: int
     record: dict[str, Any]
-
-
-def _input_file(source: PathLike) -> Path:
-    """`source` as a Path to an existing, non-empty file, or an InputError saying what it is instead."""
-    path = Path(source)
-    if path.is_dir():
-        raise InputError("is a folder, not a file", file=str(path))
-    if not path.is_file():
-        raise InputError("no such file", file=str(path))
-    if path.stat().st_size == 0:
-        raise InputError("empty file: no records", file=str(path))
-    return path
 
 
 def _first_char(path: Path) -> str:
@@ -268,7 +256,7 @@ def read_2wiki_aliases(path: PathLike) -> dict[str, tuple[str, ...]]:
     """2WikiMultihopQA's `id_aliases.json`, as the official script reads it: JSON lines `{"Q_id",
     "aliases", "demonyms"}`, each answer id's gold strings being its aliases and its demonyms (empty
     strings kept). A single JSON object mapping answer id -> list of aliases is read too."""
-    path = _input_file(path)
+    path = input_file(path)
     try:
         whole = json.loads(_decode(path.read_bytes(), path))
     except json.JSONDecodeError:
@@ -759,7 +747,7 @@ def format_of_keys(keys: set[str]) -> str | None:
 def detect_format(path: PathLike) -> str:
     """The format of a question file, told by the keys of its first record (Bamboogle, a CSV without a
     header, by its suffix). InputError when no format has those keys: pass `fmt` then."""
-    path = _input_file(path)
+    path = input_file(path)
     if path.suffix.lower() == ".csv":
         return "bamboogle"
     keys = _first_keys(path)
@@ -785,7 +773,7 @@ def load_examples(source: Any, fmt: str | None = None, **kwargs: Any) -> list[Ex
         if fmt != "multihopqa":
             raise InputError(f"only the multihopqa format loads from a dataset object, not {fmt!r}")
         return load_multihopqa(source, **kwargs)
-    path = _input_file(source)
+    path = input_file(source)
     fmt = fmt or detect_format(path)
     if fmt not in LOADERS:
         raise InputError(f"unknown format {fmt!r}; choose one of {sorted(LOADERS)}", file=str(path))

@@ -31,6 +31,18 @@ def _parse_line(text: str | bytes, path: Path, line_no: int) -> dict[str, Any]:
     return record
 
 
+def input_file(source: str | Path) -> Path:
+    """`source` as a Path to an existing, non-empty file, or an InputError saying what it is instead."""
+    path = Path(source)
+    if path.is_dir():
+        raise InputError("is a folder, not a file", file=str(path))
+    if not path.is_file():
+        raise InputError("no such file", file=str(path))
+    if path.stat().st_size == 0:
+        raise InputError("empty file: no records", file=str(path))
+    return path
+
+
 def decode_line(raw: bytes, path: Path, line_no: int) -> str:
     """One line of a UTF-8 file as text, or an InputError naming the line and the byte's column."""
     try:
