@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from corag import tasks
 from corag.budget import BudgetExceeded
 from corag.errors import InputError
 from corag.executor import Context
@@ -30,7 +31,6 @@ from corag.prompts import (
     stop_messages,
     subanswer_messages,
     subquery_messages,
-    task_description,
 )
 from corag.types import Example, Passage, Step, Usage
 
@@ -175,17 +175,69 @@ async def should_stop(ctx: Context, query: str, steps: Sequence[Step], task_desc
 @dataclass(frozen=True)
 class Question:
     """What every step of one question needs: the question, its task description, the corpus the
-    steps read from, and the top documents for the original query (the final answer's)."""
+    steps read from, the top documents for the original query (the final answer's), and where those
+    came from ("dataset": the example's precomputed `context_doc_ids`; "retrieved": a search here)."""
 
     id: str
     query: str
     task_desc: str
     corpus: CorpusLike
     passages: tuple[Passage, ...]
+    docs_source: str = "retrieved"
 
     @property
     def doc_ids(self) -> tuple[str, ...]:
         return tuple(p.id for p in self.passages)
+
+
+# Where the final answer's documents come from: the dataset's own `context_doc_ids` when an example
+# has them (the official inference answers from `context_doc_ids[:20]`), or a search of the query.
+FINAL_DOCS = ("auto", "dataset", "retrieve")
+
+
+def check_final_docs(final_docs: str) -> None:
+    if final_docs not in FINAL_DOCS:
+        raise InputError(f"unknown final_docs {final_docs!r}; choose one of {FINAL_DOCS}", field="final_docs")
+
+
+def dataset_doc_ids(example: Example) -> list[str]:
+    """The example's precomputed final-answer document ids (`context_doc_ids`), best first."""
+    return [str(d) for d in example.meta.get("context_doc_ids") or ()]
+
+
+def final_passages(corpus: CorpusLike, example: Example, docs: int) -> tuple[Passage, ...]:
+    """The first `docs` of the example's `context_doc_ids`, or an error naming the question when the
+    corpus lacks one (they are rows of the corpus they were retrieved from, corag/kilt-corpus)."""
+    ids = dataset_doc_ids(example)[:docs]
+    try:
+        return tuple(corpus.get_many(ids))
+    except InputError as error:
+        raise InputError(
+            f"document {error.record!r} of context_doc_ids is not in the corpus {error.file}: those ids are "
+            "rows of the corpus they were retrieved from (corag/kilt-corpus); use --final-docs retrieve to "
+            "search this one",
+            record=example.id,
+            field="context_doc_ids",
+        ) from None
+
+
+def check_dataset_docs(examples: Sequence[Example], corpus: CorpusLike, final_docs: str = "auto") -> int:
+    """Before any model loads: every `context_doc_ids` the final answers will read is in the corpus
+    (and with "dataset", every question has them). Returns how many questions read them."""
+    check_final_docs(final_docs)
+    if final_docs == "retrieve":
+        return 0
+    count = 0
+    for example in examples:
+        if not dataset_doc_ids(example):
+            if final_docs == "dataset":
+                raise InputError(
+                    "the question has no context_doc_ids", record=example.id, field="context_doc_ids"
+                )
+            continue
+        final_passages(corpus, example, FINAL_NUM_DOCS)
+        count += 1
+    return count
 
 
 async def open_question(
@@ -194,18 +246,27 @@ async def open_question(
     corpus: CorpusLike,
     task_desc: str | None = None,
     docs: int = FINAL_NUM_DOCS,
+    final_docs: str = "auto",
 ) -> Question:
-    """Retrieve the original query's top documents (20, as the paper; 0 for no retrieval at all) and
-    reserve budget for the final answer.
+    """The original query's top documents (20, as the paper; 0 for none at all): with `final_docs`
+    "auto", the example's own `context_doc_ids` when it has them, else a search; "dataset" or
+    "retrieve" force one. Then reserve budget for the final answer.
 
     When the budget cannot hold even the final answer without steps, no model call is started."""
     if docs < 0:
         raise InputError(f"the number of documents must be 0 or more, got {docs}", field="docs")
-    hits = await ctx.search(example.query, docs) if docs else []
-    passages = tuple(corpus.get_many([hit.doc_id for hit in hits]))
-    question = Question(
-        example.id, example.query, task_desc or task_description(example.task), corpus, passages
-    )
+    check_final_docs(final_docs)
+    given = final_docs == "dataset" or (final_docs == "auto" and bool(dataset_doc_ids(example)))
+    if given and not dataset_doc_ids(example):
+        raise InputError("the question has no context_doc_ids", record=example.id, field="context_doc_ids")
+    if given:
+        passages = final_passages(corpus, example, docs)
+    else:
+        hits = await ctx.search(example.query, docs) if docs else []
+        passages = tuple(corpus.get_many([hit.doc_id for hit in hits]))
+    task_desc = task_desc or tasks.task_description(example.task, example.meta)
+    source = "dataset" if given else "retrieved"
+    question = Question(example.id, example.query, task_desc, corpus, passages, source)
     if not keep_room_for_final(ctx, question, ()) and ctx.meter.budget is not None:
         ctx.meter.reserve = ctx.meter.budget  # not even the bare final answer fits: start nothing
     return question
@@ -248,18 +309,21 @@ class DecodeResult:
     context_doc_ids: tuple[str, ...]
     usage: Usage
     extras: dict[str, Any] = field(default_factory=dict)
+    context_doc_source: str = "retrieved"
 
     @property
     def calls(self) -> int:
         return self.usage.calls
 
     def to_record(self) -> dict[str, Any]:
-        """The official CoRAG prediction fields, then ours (steps with doc ids, usage, extras)."""
+        """The official CoRAG prediction fields, then ours (where the final answer's documents came
+        from, steps with doc ids, usage, extras)."""
         return {
             "query": self.query,
             "answers": list(self.answers),
             "query_id": self.query_id,
             "context_doc_ids": list(self.context_doc_ids),
+            "context_doc_source": self.context_doc_source,
             "subqueries": [s.subquery for s in self.steps],
             "subanswers": [s.subanswer for s in self.steps],
             "predictions": self.prediction,
@@ -306,4 +370,5 @@ async def finish(
         context_doc_ids=question.doc_ids,
         usage=ctx.meter.usage,
         extras=extras,
+        context_doc_source=question.docs_source,
     )

@@ -1,9 +1,17 @@
-"""The `corag` command: one short entry point per stage, each implemented in its own module."""
+"""The `corag` command: one short entry point per stage, each implemented in its own module.
+
+Bad input (an `InputError`) ends a command with its one-line message on stderr and exit status 2;
+`corag --debug COMMAND ...` or `CORAG_DEBUG=1` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from collections.abc import Callable
+
+from corag.errors import InputError
 
 # command -> "module:function"; each function takes argv (list[str]) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -18,22 +26,45 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "merge": ("corag.sampling:merge_main", "merge sampling shards, checking ids"),
     "evaluate": ("corag.evaluation:main", "evaluate predictions or a checkpoint (also evaluation/)"),
     "kilt-score": ("corag.kilt:main", "validate and score a KILT submission file"),
+    "kilt-pages": ("corag.kilt:pages_main", "map page titles to Wikipedia ids (KILT knowledge source)"),
     "demos": ("corag.methods.demos:main", "build IRCoT demonstrations (MuSiQue or toy world)"),
     "warmstart": ("corag.warmstart:main", "write warm-start examples from fresh toy worlds"),
     "toystudy": ("corag.toystudy:main", "the full toy-world study (see benchmarks/toyworld.py)"),
 }
 
+DEBUG_ENV = "CORAG_DEBUG"
+
+
+def run_command(
+    name: str, func: Callable[[list[str]], int | None], argv: list[str], debug: bool = False
+) -> int:
+    """Run one command; an InputError becomes one line on stderr and exit status 2 (unless debugging)."""
+    try:
+        return int(func(argv) or 0)
+    except InputError as error:
+        if debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        message = " ".join(str(error).split())  # one line, whatever the message held
+        print(f"corag {name}: error: {message}", file=sys.stderr)
+        return 2
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = bool(argv) and argv[0] == "--debug"
+    argv = argv[1:] if debug else argv
     if not argv or argv[0] in {"-h", "--help"} or argv[0] not in COMMANDS:
         width = max(map(len, COMMANDS))
         lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-        print("usage: corag COMMAND [ARGS]\n\ncommands:\n" + "\n".join(lines))
+        print(
+            "usage: corag [--debug] COMMAND [ARGS]\n\ncommands:\n"
+            + "\n".join(lines)
+            + f"\n\n--debug (or {DEBUG_ENV}=1) shows the traceback of a bad-input error"
+        )
         return 0 if argv and argv[0] in {"-h", "--help"} else 2
     target, _ = COMMANDS[argv[0]]
     module, func = target.split(":")
-    return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+    return run_command(argv[0], getattr(importlib.import_module(module), func), argv[1:], debug)
 
 
 if __name__ == "__main__":

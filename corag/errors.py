@@ -15,7 +15,7 @@ class InputError(ValueError):
         record: str | None = None,
         field: str | None = None,
     ) -> None:
-        self.file, self.line, self.record, self.field = file, line, record, field
+        self.message, self.file, self.line, self.record, self.field = message, file, line, record, field
         where = [
             part
             for part in (

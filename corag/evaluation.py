@@ -3,9 +3,11 @@
 A *run* is one method with fixed settings (`greedy:L=3`, `best_of_n:L=3:N=4`, `ircot:k=4`, ...).
 `parse_runs` expands a grid (`best_of_n:L=2,4:N=2,4` is four runs). Each run writes
 `<out>/<run>/predictions.jsonl` (appended per question, so an interrupted evaluation resumes) and
-`<out>/<run>/metrics.json`; the sweep writes `results.md`, `results.csv` and `scaling.png`
-(accuracy against mean tokens per question, with the Pareto frontier and, when it has four points or
-more, its log fit).
+`<out>/<run>/metrics.json` (and, for KILT tasks, `kilt_submission.jsonl`; with `--official-files`,
+the official inference's `preds_*.jsonl` and `metrics_*.json`); the sweep writes `results.md`,
+`results.csv` and `scaling.png` (accuracy against mean tokens per question, with the Pareto frontier
+and, when it has four points or more, its log fit). Answers are scored by each benchmark's official
+rule (`--rules official`) or the CoRAG release's (`--rules corag`, the paper's numbers).
 """
 
 from __future__ import annotations
@@ -23,22 +25,28 @@ from typing import Any
 from tqdm import tqdm
 
 from corag.budget import Meter
-from corag.chain import DecodeResult
-from corag.data.jsonl import JsonlAppender, atomic_write, iter_jsonl
+from corag.chain import FINAL_DOCS, DecodeResult, check_dataset_docs
+from corag.data.jsonl import JsonlAppender, atomic_write, input_file, iter_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.executor import Context, Executor
+from corag.kilt import passage_pages, read_page_ids, record_answer, warn_missing, write_kilt_submission
 from corag.metrics import (
     answer_scores,
-    mean_scores,
+    cover_em,
+    kilt_answer_scores,
+    kilt_gold_answers,
+    kilt_recall_at_k,
+    max_over_golds,
+    r_precision,
     recall_at_k,
     reciprocal_rank_fusion,
-    rouge_l,
-    strict_accuracy,
 )
 from corag.scaling import plot_scaling, write_table
+from corag.tasks import RULES, get_task, split_from_path, task_description
 from corag.types import Example
 
 RECALL_KS = (5, 10, 20)
+PAGE_KS = (1, 5)  # KILT reports page-level recall@5 (and R-precision)
 # Short names usable in run specs, for the settings every method shares.
 ALIASES = {"L": "max_steps", "N": "n", "b": "stop_bias"}
 
@@ -138,45 +146,73 @@ def run_method(
             out.append({**as_record(result), "run": run.name})
             bar.update(1)
         bar.close()
-    return read_predictions(out_path, examples)
+    return read_predictions(out_path, examples, require_all=True)
 
 
 # Scoring --------------------------------------------------------------------------------------------
 
+# How answers are scored: "official" applies each task's official rule (corag.tasks), "corag" the CoRAG
+# release's (SQuAD EM and F1 for every dataset, as the paper reports), a rule name forces that rule.
+RULE_CHOICES = ("official", "corag", *RULES)
 
-def read_predictions(path: Path, examples: Sequence[Example]) -> list[dict[str, Any]]:
-    """Prediction records aligned with `examples`; a clear error for a missing, repeated, unknown or
-    badly typed record (naming the file, line, id and field)."""
+
+def rule_of(example: Example, rules: str = "official") -> str:
+    """The rule that scores `example` under `rules` ("official", "corag", a rule or a task name)."""
+    if rules == "official":
+        return get_task(example.task).rule
+    if rules == "corag":
+        return "squad"
+    if rules in RULES:
+        return rules
+    return get_task(rules, field="--rules").rule
+
+
+def read_predictions(
+    path: Path, examples: Sequence[Example], *, require_all: bool = False, known: Iterable[str] = ()
+) -> list[dict[str, Any] | None]:
+    """Prediction records aligned with `examples`, ours (`predictions`) or the official inference's
+    (`preds_*.jsonl`, field `prediction`) alike; a clear error for a repeated, unknown or badly typed
+    record (naming the file, line, id and field). A question without a prediction is None: it counts 0,
+    as the official scripts count it, with a warning (`require_all` refuses instead). Ids in `known`
+    (questions left out by --limit) are skipped, not unknown."""
     wanted = {e.id for e in examples}
+    skipped = set(known) - wanted
     by_id: dict[str, dict[str, Any]] = {}
-    for line, record in iter_jsonl(path):
+    for line, record in iter_jsonl(input_file(path)):
         qid = record.get("query_id")
         where = {"file": str(path), "line": line}
         if not isinstance(qid, str):
             raise InputError("expected a string query id", field="query_id", **where)
         if qid in by_id:
             raise InputError("duplicate prediction", record=qid, field="query_id", **where)
+        if qid in skipped:
+            continue
         if qid not in wanted:
             raise InputError(
                 "prediction for a question not in the dataset", record=qid, field="query_id", **where
             )
-        if not isinstance(record.get("predictions"), str):
-            raise InputError("expected a string prediction", record=qid, field="predictions", **where)
+        field = "predictions" if "predictions" in record else "prediction"
+        if not isinstance(record.get(field), str):
+            raise InputError("expected a string prediction", record=qid, field=field, **where)
         usage = record.get("usage", {})
         if not isinstance(usage, dict) or not isinstance(usage.get("total_tokens", 0), int):
             raise InputError(
                 "expected usage.total_tokens to be an integer", record=qid, field="usage", **where
             )
         by_id[qid] = record
+    if not by_id:
+        raise InputError("no predictions in the file", file=str(path))
     missing = [e.id for e in examples if e.id not in by_id]
-    if missing:
+    if missing and require_all:
         raise InputError(
             f"no prediction for {len(missing)} question(s)",
             file=str(path),
             record=missing[0],
             field="query_id",
         )
-    return [by_id[e.id] for e in examples]
+    if missing:
+        warn_missing(len(missing), missing[0], len(examples), str(path))
+    return [by_id.get(e.id) for e in examples]
 
 
 def chain_doc_lists(record: dict[str, Any]) -> list[list[str]]:
@@ -186,40 +222,104 @@ def chain_doc_lists(record: dict[str, Any]) -> list[list[str]]:
     return [docs for docs in lists if docs]
 
 
+def answer_row(prediction: str | None, example: Example, rule: str) -> dict[str, float]:
+    """One question's answer metrics under `rule`; a missing prediction scores 0 on each. KILT's rule
+    adds strict accuracy and ROUGE-L, and scores the stripped answer (an empty one 0), as KILT does."""
+    kilt = rule == "kilt"
+    if prediction is None:
+        return dict.fromkeys(("em", "f1", "cover_em", *(("accuracy", "rougel") if kilt else ())), 0.0)
+    if kilt:
+        scores = kilt_answer_scores(prediction, example.answers)
+        empty = not prediction.strip()
+        cover = 0.0 if empty else max_over_golds(cover_em, prediction, kilt_gold_answers(example.answers))
+        return {"em": scores["em"], "f1": scores["f1"], "cover_em": cover, **scores}
+    scores = answer_scores(prediction, example.answers, rule)
+    return {"em": scores["em"], "f1": scores["f1"], "cover_em": scores["cover_em"]}
+
+
+def _mean(rows: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Mean of each key over the rows that have it (rows of KILT and other tasks may mix)."""
+    sums: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        for key, value in row.items():
+            sums[key].append(value)
+    return {key: sum(v) / len(v) for key, v in sums.items()}
+
+
+PageLookup = Callable[[Sequence[str]], list[str]]
+
+
+def page_rows(example: Example, record: dict[str, Any] | None, pages: PageLookup) -> dict[str, float]:
+    """KILT's page-level retrieval of one question: R-precision and recall@k of the Wikipedia pages of
+    its retrieved passages, the question's own list and the chain's lists fused by RRF."""
+    gold_sets = example.meta.get("evidence") or [list(example.supporting_pages)]
+    lists = chain_doc_lists(record) if record is not None else []
+    fused = [hit.doc_id for hit in reciprocal_rank_fusion(lists)] if lists else []
+    row = {}
+    for name, docs in (("question", lists[0] if lists else []), ("chain_rrf", fused)):
+        guess = pages(docs)
+        row[f"Rprec_{name}"] = r_precision(guess, gold_sets)
+        for k in PAGE_KS:
+            row[f"page_recall@{k}_{name}"] = kilt_recall_at_k(guess, gold_sets, k)
+    return row
+
+
 def score_records(
-    examples: Sequence[Example], records: Sequence[dict[str, Any]], dataset: str = "squad", kilt: bool = False
+    examples: Sequence[Example],
+    records: Sequence[dict[str, Any] | None],
+    rules: str = "official",
+    *,
+    pages: PageLookup | None = None,
 ) -> dict[str, Any]:
-    """Answer metrics (in points), tokens and calls per question, EM by hop count, and recall@k of
-    gold passages for the question's retrieval alone and for all the chain's lists fused by RRF."""
-    rows, by_hops = [], defaultdict(list)
+    """Answer metrics in points, by the rule `rules` names for each question (missing predictions count
+    0), and KILT's accuracy, ROUGE-L and KILT-variants for KILT tasks; tokens and calls per predicted
+    question; EM by hop count; recall@k of gold passages (only where gold passage ids exist) for the
+    question's retrieval alone and for all the chain's lists fused by RRF; with `pages` (passage ids ->
+    Wikipedia page ids), KILT's page-level R-precision and recall@k where gold pages exist. Test
+    questions (no gold answers) get no answer metrics. The official release's keys come along
+    (`num_samples`, `token_consumed`, `average_token_consumed_per_sample`)."""
+    rows, by_hops, kilt_rows = [], defaultdict(list), []
     recall: dict[str, list[float]] = defaultdict(list)
+    costs = [r for r in records if r is not None]
     for example, record in zip(examples, records, strict=True):
-        scores = answer_scores(record["predictions"], example.answers, dataset)
-        row = {"em": scores["em"], "f1": scores["f1"], "cover_em": scores["cover_em"]}
-        if kilt:
-            row["accuracy"] = strict_accuracy(record["predictions"], example.answers)
-            row["rougel"] = max(rouge_l(record["predictions"], a) for a in example.answers)
-        row["tokens"] = float(record.get("usage", {}).get("total_tokens", 0))
-        row["calls"] = float(record.get("model_calls", 0))
-        rows.append(row)
-        if "hops" in example.meta:
-            by_hops[int(example.meta["hops"])].append(row["em"])
+        prediction = record_answer(record) if record is not None else None
+        rule = rule_of(example, rules)
+        if example.answers:
+            row = answer_row(prediction, example, rule)
+            rows.append(row)
+            if "hops" in example.meta:
+                by_hops[int(example.meta["hops"])].append(row["em"])
         gold = set(example.supporting_ids)
-        lists = chain_doc_lists(record)
-        if gold and lists:
-            fused = [hit.doc_id for hit in reciprocal_rank_fusion(lists)]
+        lists = chain_doc_lists(record) if record is not None else []
+        if gold:
+            fused = [hit.doc_id for hit in reciprocal_rank_fusion(lists)] if lists else []
             for k in RECALL_KS:
-                recall[f"recall@{k}_question"].append(recall_at_k(lists[0], gold, k))
+                recall[f"recall@{k}_question"].append(recall_at_k(lists[0] if lists else [], gold, k))
                 recall[f"recall@{k}_chain_rrf"].append(recall_at_k(fused, gold, k))
-    mean = mean_scores(rows)
-    summary: dict[str, Any] = {
-        key: 100 * value for key, value in mean.items() if key not in ("tokens", "calls")
-    }
-    summary["tokens_per_question"] = mean.get("tokens", 0.0)
-    summary["calls_per_question"] = mean.get("calls", 0.0)
-    summary["count"] = len(rows)
+        if pages is not None and example.supporting_pages:
+            page_row = page_rows(example, record, pages)
+            for key, value in page_row.items():
+                recall[key].append(value)
+            if example.answers and rule == "kilt":
+                hit = page_row["Rprec_question"] == 1
+                kilt_rows.append(
+                    {f"KILT-{m}": rows[-1][m] if hit else 0.0 for m in ("accuracy", "em", "f1", "rougel")}
+                )
+    tokens = [float(r.get("usage", {}).get("total_tokens", 0)) for r in costs]
+    calls = [float(r.get("model_calls", 0)) for r in costs]
+    summary: dict[str, Any] = {key: 100 * value for key, value in _mean(rows).items()}
+    summary.update({key: 100 * value for key, value in _mean(kilt_rows).items()})
+    summary["tokens_per_question"] = sum(tokens) / len(tokens) if tokens else 0.0
+    summary["calls_per_question"] = sum(calls) / len(calls) if calls else 0.0
+    summary["count"] = len(examples)
+    summary["answered"] = len(rows)
+    summary["missing"] = len(records) - len(costs)
+    summary["rules"] = rules
     summary["em_by_hops"] = {str(h): 100 * sum(v) / len(v) for h, v in sorted(by_hops.items())}
     summary.update({key: 100 * sum(v) / len(v) for key, v in sorted(recall.items())})
+    summary["num_samples"] = len(examples)
+    summary["token_consumed"] = int(sum(tokens))
+    summary["average_token_consumed_per_sample"] = sum(tokens) / len(examples) if examples else 0.0
     return summary
 
 
@@ -250,6 +350,66 @@ def write_results(results: dict[str, dict[str, Any]], out_dir: Path, metric: str
     return {"table": md, "csv": csv_path, "plot": png}
 
 
+# Official files ---------------------------------------------------------------------------------------
+
+
+def eval_task(examples: Sequence[Example]) -> str:
+    """The task name the official files use (KILT's own name for KILT tasks), or "mixed"."""
+    names = {get_task(e.task).kilt or e.task for e in examples}
+    return names.pop() if len(names) == 1 else "mixed"
+
+
+def official_strategy(run: Run) -> tuple[str, int]:
+    """(decode_strategy, max_path_length) as the official inference names a CoRAG run (L < 1 is greedy)."""
+    length = int(run.kwargs.get("max_steps", 6))
+    return ("greedy" if length < 1 else run.method), length
+
+
+def write_official_files(
+    folder: Path, run: Run, examples: Sequence[Example], records: Sequence[dict[str, Any] | None], split: str
+) -> list[Path]:
+    """The official inference's files for a CoRAG run, beside ours: `preds_{strategy}_{task}_{split}.jsonl`
+    (the question's fields, `task_desc`, `prediction`, `subqueries`, `subanswers`) and
+    `metrics_{task}_{split}_{strategy}.json` (its keys; EM and F1 by its rule, SQuAD's, rounded to 3;
+    none for a test split)."""
+    strategy, length = official_strategy(run)
+    task = eval_task(examples)
+    preds = folder / f"preds_{strategy}_{task}_{split}.jsonl"
+    lines = []
+    for example, record in zip(examples, records, strict=True):
+        if record is None:
+            continue
+        lines.append(
+            {
+                "query": example.query,
+                "answers": list(example.answers),
+                "query_id": example.id,
+                "task_desc": task_description(example.task, example.meta),
+                "prediction": record_answer(record),
+                "subqueries": list(record.get("subqueries", [])),
+                "subanswers": list(record.get("subanswers", [])),
+            }
+        )
+    write_jsonl(preds, lines)
+    scored = score_records(examples, records, "corag")
+    if not scored["answered"]:  # a test split: nothing to score, no metrics file
+        return [preds]
+    metrics = {
+        "em": round(scored.get("em", 0.0), 3),
+        "f1": round(scored.get("f1", 0.0), 3),
+        "num_samples": len(examples),
+        "eval_task": task,
+        "eval_split": split,
+        "max_path_length": length,
+        "decode_strategy": strategy,
+        "token_consumed": scored["token_consumed"],
+        "average_token_consumed_per_sample": scored["average_token_consumed_per_sample"],
+    }
+    metrics_path = folder / f"metrics_{task}_{split}_{strategy}.json"
+    _write_json(metrics_path, metrics)
+    return [preds, metrics_path]
+
+
 # Command line ---------------------------------------------------------------------------------------
 
 
@@ -261,12 +421,32 @@ def _write_json(path: Path, value: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="corag evaluate", description=__doc__.splitlines()[0])
     p.add_argument(
-        "--data", required=True, help="questions (HotpotQA, 2Wiki, MuSiQue, Bamboogle, KILT, JSONL)"
+        "--data",
+        required=True,
+        help="questions (HotpotQA, 2Wiki, MuSiQue, Bamboogle, KILT, multihopqa, JSONL)",
     )
-    p.add_argument("--fmt", default=None, help="format of --data (detected from the name when not given)")
-    p.add_argument("--dataset", default=None, help="metric rules: hotpotqa, 2wikimultihopqa, musique, ... ")
+    p.add_argument("--fmt", default=None, help="format of --data (told by its records' keys when not given)")
+    p.add_argument(
+        "--task", default=None, help="task of the questions (default: the records' own, else the file name's)"
+    )
+    p.add_argument("--aliases", default=None, help="2WikiMultihopQA id_aliases.json (aliases and demonyms)")
+    p.add_argument(
+        "--rules",
+        default="official",
+        choices=RULE_CHOICES,
+        help="answer scoring: each benchmark's official script (official), the CoRAG paper's SQuAD EM/F1 "
+        "everywhere (corag), or one rule for all",
+    )
+    p.add_argument(
+        "--split", default=None, help="split name for the official files (default: from the file name)"
+    )
     p.add_argument("--out-dir", required=True, type=Path)
-    p.add_argument("--predictions", type=Path, help="score this prediction file instead of running a model")
+    p.add_argument("--predictions", type=Path, help="score this prediction file (ours or official) instead")
+    p.add_argument(
+        "--require-all",
+        action="store_true",
+        help="refuse predictions missing questions (default: they count 0)",
+    )
     p.add_argument("--model", help="checkpoint folder (or hub name)")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"])
     p.add_argument("--corpus", help="corpus file or folder")
@@ -277,76 +457,106 @@ def build_parser() -> argparse.ArgumentParser:
         default=["greedy:L=3"],
         help="runs as method[:key=v1,v2]...; grids expand (e.g. best_of_n:L=2,4:N=2,4)",
     )
+    p.add_argument(
+        "--final-docs",
+        default="auto",
+        choices=FINAL_DOCS,
+        help="CoRAG's final-answer documents: the data's context_doc_ids when it has them (auto, as the "
+        "official inference), always them (dataset), or a search of the question (retrieve)",
+    )
+    p.add_argument(
+        "--official-files",
+        action="store_true",
+        help="also write the official inference's preds_*/metrics_* files",
+    )
     p.add_argument("--demonstrations", type=Path, help="IRCoT demonstrations JSONL (for ircot and baselines)")
     p.add_argument("--budget", type=int, default=None, help="token budget per question")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument("--max-active", type=int, default=64, help="questions in flight at once")
-    p.add_argument("--page-ids", type=Path, help="KILT: JSON mapping passage titles to Wikipedia ids")
+    p.add_argument(
+        "--page-ids",
+        type=Path,
+        help="KILT: JSON map of page title -> Wikipedia id (`corag kilt-pages` builds it)",
+    )
     return p
+
+
+def _page_lookup(corpus: Any | None, title_ids: dict[str, str] | None) -> PageLookup | None:
+    if corpus is None or title_ids is None:
+        return None
+    return lambda doc_ids: passage_pages(corpus.get_many(doc_ids), title_ids)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from corag.data.formats import detect_format, load_examples
+    from corag.data.corpus import Corpus
+    from corag.data.formats import load_examples
+    from corag.decoding.predict import question_options
 
-    fmt = args.fmt or detect_format(args.data)
-    examples = load_examples(args.data, fmt)[: args.limit]
-    dataset = args.dataset or (examples[0].task if examples else "squad")
-    dataset = dataset if dataset in ("hotpotqa", "2wikimultihopqa", "musique") else "squad"
-    kilt = fmt == "kilt"
+    loaded = load_examples(args.data, args.fmt, **question_options(args))
+    examples = loaded[: args.limit]
+    split = args.split or split_from_path(args.data) or "validation"
+    kilt = any(get_task(e.task).is_kilt for e in examples)
+    title_ids = read_page_ids(args.page_ids) if args.page_ids else None
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if args.predictions:
-        summary = score_records(examples, read_predictions(args.predictions, examples), dataset, kilt)
+        corpus = Corpus.load(args.corpus) if args.corpus else None
+        records = read_predictions(
+            args.predictions, examples, require_all=args.require_all, known=(e.id for e in loaded)
+        )
+        summary = score_records(examples, records, args.rules, pages=_page_lookup(corpus, title_ids))
+        summary.update(eval_task=eval_task(examples), eval_split=split)
         _write_json(args.out_dir / "metrics.json", summary)
+        if kilt:
+            ids = [e.id for e in examples]
+            write_kilt_submission(args.out_dir / "kilt_submission.jsonl", ids, records, corpus, title_ids)
         print(json.dumps(summary, indent=2))
+        print(f"metrics in {args.out_dir / 'metrics.json'}")
         return 0
     for name in ("model", "corpus", "retriever"):
         if not getattr(args, name):
             raise SystemExit(f"corag evaluate: --{name} is required unless --predictions is given")
     runs = parse_runs(args.methods)
-    from corag.data.corpus import Corpus
+    from corag.decoding import STRATEGIES
     from corag.lm import load_lm
     from corag.retrieval import load_retriever
 
-    corpus, lm, retriever = (
-        Corpus.load(args.corpus),
-        load_lm(args.model, args.backend),
-        load_retriever(args.retriever),
-    )
+    corpus = Corpus.load(args.corpus)
+    if any(run.method in STRATEGIES for run in runs):
+        given = check_dataset_docs(examples, corpus, args.final_docs)
+        print(
+            f"final-answer documents: the data's context_doc_ids for {given} of {len(examples)} question(s)"
+        )
+    lm, retriever = load_lm(args.model, args.backend), load_retriever(args.retriever)
     extra: dict[str, Any] = {}
     if args.demonstrations:
         from corag.methods.demos import load_demonstrations
 
         extra["demonstrations"] = load_demonstrations(args.demonstrations)
+    pages = _page_lookup(corpus, title_ids)
     results = {}
     for run in runs:
         folder = args.out_dir / run.name.replace(":", "_").replace("=", "")
         method_extra = extra if run.method in ("ircot", "one_step", "no_retrieval") else {}
+        if run.method in STRATEGIES:
+            method_extra = {"final_docs": args.final_docs}
         records = run_method(
             run, examples, lm, retriever, corpus, folder / "predictions.jsonl",
             budget=args.budget, max_active=args.max_active, extra_kwargs=method_extra,
         )  # fmt: skip
-        results[run.name] = score_records(examples, records, dataset, kilt)
-        _write_json(folder / "metrics.json", results[run.name])
+        summary = score_records(examples, records, args.rules, pages=pages)
+        summary.update(eval_task=eval_task(examples), eval_split=split)
+        if run.method in STRATEGIES:
+            strategy, length = official_strategy(run)
+            summary.update(decode_strategy=strategy, max_path_length=length)
+            if args.official_files:
+                write_official_files(folder, run, examples, records, split)
+        results[run.name] = summary
+        _write_json(folder / "metrics.json", summary)
         if kilt:
-            write_kilt_submission(folder / "kilt_submission.jsonl", records, corpus, args.page_ids)
+            ids = [e.id for e in examples]
+            write_kilt_submission(folder / "kilt_submission.jsonl", ids, records, corpus, title_ids)
     paths = write_results(results, args.out_dir)
     print(paths["table"].read_text())
     print(f"predictions and metrics in {args.out_dir}/<run>/; table {paths['table']}; plot {paths['plot']}")
     return 0
-
-
-def write_kilt_submission(
-    path: Path, records: Sequence[dict[str, Any]], corpus: Any, page_ids: Path | None
-) -> int:
-    """A KILT submission from prediction records: the answer, and as provenance the pages of the
-    question's retrieved passages (titles mapped to Wikipedia ids with `page_ids`, else the title)."""
-    from corag.kilt import KiltPrediction, write_submission
-
-    mapping = json.loads(page_ids.read_text()) if page_ids else {}
-    predictions = []
-    for record in records:
-        passages = corpus.get_many(record.get("context_doc_ids", []))
-        pages = tuple(str(mapping.get(p.title, p.title)) for p in passages)
-        predictions.append(KiltPrediction(record["query_id"], record["predictions"], pages))
-    return write_submission(path, predictions)

@@ -58,7 +58,7 @@ class Context:
         worst = 0
         if self.meter.budget is not None:
             prompt = self.lm.count_prompt_tokens(request.messages)
-            worst = request.n * (prompt + request.max_new_tokens)
+            worst = prompt + request.n * request.max_new_tokens
             self.meter.check(worst, final=final)
         self.meter.pending += worst
         try:

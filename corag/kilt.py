@@ -19,17 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from corag.data.jsonl import input_file
 from corag.errors import InputError
-from corag.metrics import (
-    exact_match,
-    f1,
-    kilt_precision_at_k,
-    kilt_recall_at_k,
-    max_over_golds,
-    r_precision,
-    rouge_l,
-    strict_accuracy,
-)
+from corag.metrics import kilt_answer_scores, kilt_precision_at_k, kilt_recall_at_k, r_precision
 
 
 @dataclass(frozen=True)
@@ -79,7 +71,7 @@ def write_submission(path: str | Path, predictions: Iterable[KiltPrediction]) ->
 def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; a line that is not a JSON object is an error."""
     records = []
-    with open(path, "rb") as f:
+    with input_file(path).open("rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8")
@@ -155,23 +147,29 @@ def load_gold(path: str | Path) -> dict[str, dict[str, Any]]:
 
 
 def validate_submission(
-    submission: str | Path, gold: str | Path, *, allow_extra: bool = False
+    submission: str | Path, gold: str | Path, *, allow_extra: bool = False, require_all: bool = True
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Check a submission against a gold file; returns (gold, guess) pairs in gold order.
 
-    Every gold id needs exactly one line with one output holding a string answer; ids not in the gold
-    file are an error unless `allow_extra` (then they are left out, and a count is printed).
+    Every line needs one output holding a string answer. A gold id without a line is an error with
+    `require_all` (as KILT's own script); without it, it counts 0 (an empty answer, no provenance)
+    and a warning says how many. Ids not in the gold file are an error unless `allow_extra` (then
+    they are left out, and a count is printed).
     """
     gold_by_id = load_gold(gold)
     guess_by_id = _index(read_jsonl(submission), str(submission), single=True)
     missing = [record_id for record_id in gold_by_id if record_id not in guess_by_id]
-    if missing:
+    if missing and require_all:
         raise InputError(
             f"no prediction for {len(missing)} gold id(s), first {missing[0]!r}",
             file=str(submission),
             record=missing[0],
             field="id",
         )
+    if missing:
+        warn_missing(len(missing), missing[0], len(gold_by_id), str(submission))
+        for record_id in missing:
+            guess_by_id[record_id] = {"id": record_id, "output": [{"answer": "", "provenance": []}]}
     extra = [record_id for record_id in guess_by_id if record_id not in gold_by_id]
     if extra and not allow_extra:
         raise InputError(
@@ -212,15 +210,7 @@ def score_record(gold: dict[str, Any], guess: dict[str, Any], ks: Sequence[int] 
     for k in ks:
         row[f"recall@{k}"] = kilt_recall_at_k(guess_pages, gold_sets, k)
         row[f"precision@{k}"] = kilt_precision_at_k(guess_pages, gold_sets, k)
-    answer = guess["output"][0]["answer"].strip()
-    downstream = {"accuracy": 0.0, "em": 0.0, "f1": 0.0, "rougel": 0.0}
-    if answer:
-        downstream = {
-            "accuracy": strict_accuracy(answer, answers),
-            "em": max_over_golds(exact_match, answer, answers),
-            "f1": max_over_golds(f1, answer, answers),
-            "rougel": max_over_golds(rouge_l, answer, answers),
-        }
+    downstream = kilt_answer_scores(guess["output"][0]["answer"], answers)
     row.update(downstream)
     for name, value in downstream.items():
         row[f"KILT-{name}"] = value if rprec == 1 else 0.0
@@ -241,11 +231,164 @@ def score_pairs(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], ks: Sequ
     }
 
 
+def warn_missing(count: int, first: str, total: int, source: str) -> None:
+    """The one warning for predictions that are missing and counted 0."""
+    print(
+        f"warning: {source}: no prediction for {count} of {total} question(s) (first {first!r}); "
+        "each counts 0 (--require-all refuses instead)",
+        file=sys.stderr,
+    )
+
+
 def score_submission(
-    submission: str | Path, gold: str | Path, *, ks: Sequence[int] = (1, 5), allow_extra: bool = False
+    submission: str | Path,
+    gold: str | Path,
+    *,
+    ks: Sequence[int] = (1, 5),
+    allow_extra: bool = False,
+    require_all: bool = True,
 ) -> dict:
     """Validate a submission against a gold KILT file and score it (see `score_pairs`)."""
-    return score_pairs(validate_submission(submission, gold, allow_extra=allow_extra), ks)
+    pairs = validate_submission(submission, gold, allow_extra=allow_extra, require_all=require_all)
+    return score_pairs(pairs, ks)
+
+
+# Wikipedia page ids of retrieved passages --------------------------------------------------------------
+
+
+def read_page_ids(path: str | Path) -> dict[str, str]:
+    """A map from page title to Wikipedia page id: a JSON object (`corag kilt-pages` writes one)."""
+    path = input_file(path)
+    try:
+        mapping = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"not a JSON object of title -> page id ({err})", file=str(path)) from None
+    if not isinstance(mapping, dict):
+        raise InputError(
+            f"expected a JSON object of title -> page id, got {type(mapping).__name__}", file=str(path)
+        )
+    for title, page in mapping.items():
+        if isinstance(page, bool) or not isinstance(page, str | int):
+            raise InputError(
+                f"expected a page id, got {page!r:.40}", file=str(path), record=title, field="wikipedia_id"
+            )
+    return {title: str(page) for title, page in mapping.items()}
+
+
+def passage_pages(passages: Iterable[Any], title_ids: dict[str, str]) -> tuple[list[str], int]:
+    """The distinct Wikipedia page ids of ranked passages, best first, through their titles; and how
+    many passages had a title the map lacks (left out)."""
+    pages: dict[str, None] = {}
+    unmapped = 0
+    for passage in passages:
+        page = title_ids.get(passage.title)
+        if page is None:
+            unmapped += 1
+        else:
+            pages.setdefault(page, None)
+    return list(pages), unmapped
+
+
+def _title_and_id(line: bytes, path: Path, line_no: int) -> tuple[str, str] | None:
+    """(wikipedia_title, wikipedia_id) of one knowledge-source line. The page's text follows the two
+    keys in the published file, so the part before `"text"` is parsed alone when it holds both."""
+    cut = line.find(b', "text":')
+    for candidate in ((line[:cut] + b"}") if cut > 0 else None, line):
+        if candidate is None:
+            continue
+        try:
+            page = json.loads(candidate)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(page, dict) and "wikipedia_id" in page and "wikipedia_title" in page:
+            return str(page["wikipedia_title"]), str(page["wikipedia_id"])
+    if not line.strip():
+        return None
+    raise InputError(
+        "not a knowledge-source page (JSON with wikipedia_id and wikipedia_title)",
+        file=str(path),
+        line=line_no,
+        field="wikipedia_title",
+    )
+
+
+def build_page_ids(knowledge_source: str | Path, out: str | Path, progress: bool = True) -> dict[str, int]:
+    """Write the title -> page id map of KILT's knowledge source (`kilt_knowledgesource.json`, one
+    page a line: `wikipedia_id`, `wikipedia_title`, `text` paragraphs). A title seen twice keeps its
+    first page (the repeats are counted). Returns {"pages", "duplicate_titles"}."""
+    from tqdm import tqdm
+
+    path = input_file(knowledge_source)
+    mapping: dict[str, str] = {}
+    duplicates = 0
+    with (
+        path.open("rb") as f,
+        tqdm(desc="pages", unit=" pages", disable=not progress, file=sys.stderr) as bar,
+    ):
+        for line_no, line in enumerate(f, start=1):
+            found = _title_and_id(line, path, line_no)
+            if found is None:
+                continue
+            title, page = found
+            if title in mapping:
+                duplicates += 1
+            else:
+                mapping[title] = page
+            bar.update()
+    if not mapping:
+        raise InputError("no pages in the knowledge source", file=str(path))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(mapping, fh, ensure_ascii=False)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return {"pages": len(mapping), "duplicate_titles": duplicates}
+
+
+def write_kilt_submission(
+    path: str | Path,
+    ids: Sequence[str],
+    records: Sequence[dict[str, Any] | None],
+    corpus: Any | None,
+    title_ids: dict[str, str] | None,
+) -> int:
+    """A KILT submission, one line per question id in order: the record's answer (empty where the
+    prediction is missing) and, as provenance, the Wikipedia pages of the passages its question
+    retrieved (`context_doc_ids`, mapped through their titles). Without a corpus and a title map the
+    provenance stays empty (page ids cannot be guessed from passage ids), and a warning says so."""
+    predictions, unmapped, cited = [], 0, 0
+    for qid, record in zip(ids, records, strict=True):
+        pages: list[str] = []
+        if record is not None and corpus is not None and title_ids is not None:
+            pages, lost = passage_pages(corpus.get_many(record.get("context_doc_ids") or []), title_ids)
+            unmapped += lost
+            cited += len(record.get("context_doc_ids") or [])
+        answer = record_answer(record) if record is not None else ""
+        predictions.append(KiltPrediction(qid, answer, tuple(pages)))
+    if corpus is None or title_ids is None:
+        print(
+            f"warning: {path}: provenance left empty: page ids need --corpus and --page-ids "
+            "(`corag kilt-pages` builds the map)",
+            file=sys.stderr,
+        )
+    elif unmapped:
+        print(
+            f"warning: {path}: {unmapped} of {cited} cited passage(s) have a title the page map lacks",
+            file=sys.stderr,
+        )
+    return write_submission(path, predictions)
+
+
+def record_answer(record: dict[str, Any]) -> str:
+    """A prediction record's answer: ours (`predictions`, the released schema's name) or the official
+    inference's (`prediction`)."""
+    value = record.get("predictions", record.get("prediction"))
+    return value if isinstance(value, str) else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,14 +398,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("gold", help="gold KILT JSONL")
     parser.add_argument("--ks", default="1,5", help="comma-separated k for recall@k and precision@k")
     parser.add_argument("--allow-extra", action="store_true", help="leave out ids not in the gold file")
+    parser.add_argument(
+        "--require-all",
+        action="store_true",
+        help="refuse a submission missing gold ids (default: they count 0)",
+    )
     args = parser.parse_args(argv)
-    ks = [int(k) for k in args.ks.split(",")]
     try:
-        result = score_submission(args.submission, args.gold, ks=ks, allow_extra=args.allow_extra)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        ks = [int(k) for k in args.ks.split(",")]
+    except ValueError:
+        raise InputError(f"expected comma-separated integers, got {args.ks!r}", field="--ks") from None
+    result = score_submission(
+        args.submission, args.gold, ks=ks, allow_extra=args.allow_extra, require_all=args.require_all
+    )
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def pages_main(argv: list[str] | None = None) -> int:
+    """`corag kilt-pages KNOWLEDGE_SOURCE --out pages.json`: the title -> Wikipedia page id map that
+    turns retrieved passages into KILT provenance (`corag evaluate --page-ids pages.json`)."""
+    parser = argparse.ArgumentParser(prog="corag kilt-pages", description=pages_main.__doc__)
+    parser.add_argument("knowledge_source", help="kilt_knowledgesource.json (one page a line)")
+    parser.add_argument("--out", required=True, help="the JSON map to write")
+    args = parser.parse_args(argv)
+    counts = build_page_ids(args.knowledge_source, args.out)
+    print(json.dumps(counts))
+    print(f"title -> page id map of {counts['pages']} pages written to {args.out}")
     return 0
 
 

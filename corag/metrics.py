@@ -205,6 +205,29 @@ def rouge_l(prediction: str, reference: str) -> float:
     return 2.0 * precision * recall / (precision + recall + 1e-8)
 
 
+def kilt_gold_answers(golds: Sequence[str]) -> list[str]:
+    """KILT's gold answers: the distinct non-empty stripped ones (an empty answer is never gold there)."""
+    return list(dict.fromkeys(g.strip() for g in golds if g.strip()))
+
+
+def kilt_answer_scores(prediction: str, golds: Sequence[str]) -> dict[str, float]:
+    """KILT's downstream numbers for one answer, as kilt/eval_downstream.py computes them: on the
+    stripped answer, strict accuracy, EM, SQuAD F1 (no yes/no rule) and ROUGE-L against the gold
+    answers; an empty answer scores 0 on all four."""
+    golds = kilt_gold_answers(golds)
+    if not golds:
+        raise ValueError("no gold answers to score against")
+    answer = prediction.strip()
+    if not answer:
+        return {"accuracy": 0.0, "em": 0.0, "f1": 0.0, "rougel": 0.0}
+    return {
+        "accuracy": strict_accuracy(answer, golds),
+        "em": max_over_golds(exact_match, answer, golds),
+        "f1": max_over_golds(f1, answer, golds),
+        "rougel": max_over_golds(rouge_l, answer, golds),
+    }
+
+
 def _unique_stripped(ids: Sequence[str]) -> list[str]:
     seen: dict[str, None] = {}
     for doc_id in ids:

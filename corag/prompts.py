@@ -11,32 +11,9 @@ import re
 from collections.abc import Sequence
 from typing import Protocol
 
+from corag import tasks
 from corag.lm.base import Message
 from corag.types import Passage, Step
-
-TASK_DESCRIPTIONS: dict[str, str] = {
-    "multihopqa": "answer multi-hop questions",
-    "nq": "answer natural questions from Google search",
-    "triviaqa": "answer trivia questions",
-    "fever": "verify if the claim is supported or refuted",
-    "aidayago2": "link the mention surrounded by [START_ENT] and [END_ENT] to the title of the correct "
-    "Wikipedia page",
-    "trex": "given head entity and relation separated by [SEP], find the correct tail entity, return the "
-    "title of its Wikipedia page",
-}
-for _alias, _same in {
-    "hotpotqa": "multihopqa",
-    "2wikimultihopqa": "multihopqa",
-    "musique": "multihopqa",
-    "bamboogle": "multihopqa",
-    "toy": "multihopqa",
-    "wned": "aidayago2",
-    "cweb": "aidayago2",
-    "blink": "aidayago2",
-    "structured_zeroshot": "trex",
-    "zsre": "trex",
-}.items():
-    TASK_DESCRIPTIONS[_alias] = TASK_DESCRIPTIONS[_same]
 
 SUBQUERY_MAX_NEW_TOKENS = 64
 ANSWER_MAX_NEW_TOKENS = 128
@@ -56,11 +33,8 @@ class Truncator(Protocol):
 
 
 def task_description(task: str) -> str:
-    """The task description string for a task name (KILT task names included)."""
-    try:
-        return TASK_DESCRIPTIONS[task.lower()]
-    except KeyError:
-        raise ValueError(f"unknown task {task!r}; known: {sorted(TASK_DESCRIPTIONS)}") from None
+    """The task description string for a task name (every task of `corag.tasks`, KILT's included)."""
+    return tasks.get_task(task).description
 
 
 def format_past(steps: Sequence[Step]) -> str:

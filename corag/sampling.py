@@ -37,7 +37,8 @@ from corag.data.jsonl import JsonlAppender, iter_jsonl, read_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.executor import Context, Executor
 from corag.metrics import exact_match, max_over_golds
-from corag.prompts import FINAL_NUM_DOCS, NO_INFO, final_answer_messages, task_description
+from corag.prompts import FINAL_NUM_DOCS, NO_INFO, final_answer_messages
+from corag.tasks import task_description
 from corag.types import Example, Passage, Step
 
 # How a chain is scored: the prompt under which log P(gold answer | query, chain) is measured.
@@ -92,7 +93,7 @@ async def gold_logprob(
 ) -> float:
     """Mean log-probability of the first gold answer as call C's answer given the chain."""
     messages = final_answer_messages(
-        example.query, steps, task_description(example.task), passages, tok=ctx.lm
+        example.query, steps, task_description(example.task, example.meta), passages, tok=ctx.lm
     )
     request = scoring_request(ctx.lm, messages, example.answers[0])
     return (await ctx.score(request)).mean
@@ -113,7 +114,7 @@ async def sample_one_chain(
     recorded as "No relevant information found", what call B asks the model to say then.
     """
     steps: list[Step] = []
-    task_desc = task_description(example.task)
+    task_desc = task_description(example.task, example.meta)
     score, early_stop = None, None
     while len(steps) < max_length:
         seed = call_seed(example.id, f"sample-{config.seed}-{index}", len(steps), 0)
@@ -243,7 +244,7 @@ def validate_questions(
         problem: tuple[str, str] | None = None
         if example.id in seen:
             problem = ("duplicate question id", "id")
-        elif not example.answers or not all(a.strip() for a in example.answers):
+        elif not example.answers or not example.answers[0].strip():  # an empty alias is an official one
             problem = ("question without answers", "answers")
         else:
             missing = [d for d in referenced_ids(example) if not _in_corpus(corpus, d)]
@@ -405,6 +406,11 @@ class SamplingArguments(SamplingConfig):
     retriever: str = field(default="", metadata={"help": "index folder from `corag index`, or a service URL"})
     out_dir: str = field(default="runs/chains", metadata={"help": "folder of shard files"})
     fmt: str | None = field(default=None, metadata={"help": "questions format (detected when not given)"})
+    task: str | None = field(
+        default=None,
+        metadata={"help": "task of the questions (default: the records' own, else the file name's)"},
+    )
+    aliases: str | None = field(default=None, metadata={"help": "2WikiMultihopQA id_aliases.json"})
     backend: str = field(default="hf", metadata={"help": "hf or vllm"})
     tensor_parallel_size: int = 1
     batch_size: int = field(default=64, metadata={"help": "sequences per forward pass (hf backend)"})
@@ -438,7 +444,10 @@ def main(argv: list[str] | None = None) -> int:
 
     corpus = Corpus.load(args.corpus)
     errors: list[InputError] = []
-    examples = load_examples(args.questions, args.fmt, **({"errors": errors} if args.skip_invalid else {}))
+    options = {"task": args.task, **({"aliases": args.aliases} if args.aliases else {})}
+    examples = load_examples(
+        args.questions, args.fmt, **options, **({"errors": errors} if args.skip_invalid else {})
+    )
     if args.limit is not None:
         examples = examples[: args.limit]
     examples, skipped = validate_questions(examples, corpus, args.questions, args.skip_invalid, errors)
@@ -481,11 +490,14 @@ def merge_main(argv: list[str] | None = None) -> int:
     parser.add_argument("shards", nargs="+", type=Path)
     parser.add_argument("--questions", required=True, help="the questions file the shards were sampled from")
     parser.add_argument("--fmt", default=None)
+    parser.add_argument("--task", default=None, help="as given to `corag sample`")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--skip-invalid", action="store_true", help="as given to `corag sample`")
     parser.add_argument("--corpus", default=None, help="needed with --skip-invalid to re-check corpus ids")
     args = parser.parse_args(argv)
-    examples = load_examples(args.questions, args.fmt, **({"errors": []} if args.skip_invalid else {}))
+    examples = load_examples(
+        args.questions, args.fmt, task=args.task, **({"errors": []} if args.skip_invalid else {})
+    )
     if args.skip_invalid:
         from corag.data.corpus import Corpus
 

@@ -35,11 +35,14 @@ class Step:
 
 @dataclass(frozen=True)
 class Example:
-    """A question with its gold answers (first is the canonical one, the rest aliases).
+    """A question with its gold answers (first is the canonical one, the rest aliases; none for a
+    test set).
 
-    `supporting_ids` are corpus ids of gold passages where the format gives them, `supporting_titles`
-    their titles (HotpotQA and 2Wiki name gold passages by title, KILT by Wikipedia id).
-    `decomposition` holds a gold chain where the dataset has one (MuSiQue, the toy world).
+    `supporting_ids` are corpus ids of gold passages (passage ids: rows of the searched corpus) where
+    they are known, `supporting_pages` Wikipedia page ids of the gold evidence (KILT's provenance), a
+    different kind of id that is never compared with passage ids; `supporting_titles` are the gold
+    pages' titles (HotpotQA and 2Wiki name gold passages by title). `decomposition` holds a gold chain
+    where the dataset has one (MuSiQue, the toy world).
     """
 
     id: str
@@ -48,6 +51,7 @@ class Example:
     task: str = "multihopqa"
     supporting_ids: tuple[str, ...] = ()
     supporting_titles: tuple[str, ...] = ()
+    supporting_pages: tuple[str, ...] = ()
     decomposition: tuple[Step, ...] = ()
     meta: Mapping[str, Any] = field(default_factory=dict)
 
@@ -70,7 +74,8 @@ class Chain:
 
 @dataclass(frozen=True)
 class Usage:
-    """Tokens metered for model calls: prompt tokens of every sequence plus generated tokens."""
+    """Tokens metered for model calls: each call's prompt once (however many samples it draws) plus
+    the generated tokens of every sample, as the CoRAG release counts them."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -4,12 +4,13 @@
         --corpus corpus.jsonl --retriever indexes/e5 --out-dir runs/eval/hotpotqa \
         --methods greedy:L=1,2,3,6 best_of_n:L=6:N=4,8 tree_search:L=6 ircot searchain
 
-Every option: `--help`. For KILT files (`*-kilt.jsonl`) a submission file is written per run.
+Every option: `--help`. For KILT tasks a submission file is written per run (`--page-ids` for its
+provenance); `--rules corag` scores as the paper does, `--official-files` writes the official files.
 """
 
 import sys
 
-from corag.evaluation import main
+from corag.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["evaluate", *sys.argv[1:]]))

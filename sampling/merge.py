@@ -5,7 +5,7 @@ python sampling/merge.py --questions train.jsonl --out chains.jsonl runs/chains/
 
 import sys
 
-from corag.sampling import merge_main
+from corag.cli import main
 
 if __name__ == "__main__":
-    sys.exit(merge_main())
+    sys.exit(main(["merge", *sys.argv[1:]]))

@@ -8,7 +8,7 @@ Every option is a field of corag.sampling.SamplingArguments; `--help` lists them
 
 import sys
 
-from corag.sampling import main
+from corag.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["sample", *sys.argv[1:]]))

@@ -3,11 +3,14 @@ sub-answers with their documents, seeds, post-processing and the final answer's 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from corag import chain
 from corag.budget import BudgetExceeded
+from corag.errors import InputError
 from corag.executor import Executor
 from corag.lm.base import Completion, ScoreRequest
 from corag.prompts import PENALTY_TARGET, penalty_messages, stop_messages
@@ -130,7 +133,8 @@ class EchoLM:
         return len(text.split())
 
     def truncate_tokens(self, text, max_tokens, *, middle=False):
-        return " ".join(text.split()[:max_tokens])
+        words = list(re.finditer(r"\S+", text))  # keeps the text's own spacing up to the last word kept
+        return text if len(words) <= max_tokens else text[: words[max_tokens - 1].end()]
 
 
 def test_next_subquery_is_post_processed_and_sent_as_asked():
@@ -159,3 +163,83 @@ def test_final_answer_may_use_the_reserve_that_other_calls_may_not():
     answer, ctx = one(lm, both, budget=cost + 5)
     assert answer == "Rira" and ctx.meter.usage.total <= cost + 5
     assert lm.requests[-1].max_new_tokens == 128 and lm.requests[-1].temperature == 0.0
+
+
+# The final answer's documents: the dataset's own context_doc_ids, as the official inference ---------
+
+
+class RecordingRetriever(WordRetriever):
+    def __init__(self, passages):
+        super().__init__(passages)
+        self.queries = []
+
+    def search(self, queries, k):
+        self.queries += [(q, k) for q in queries]
+        return super().search(queries, k)
+
+
+@pytest.fixture(scope="module")
+def hotpot_corpus(shared_data, tmp_path_factory):
+    """A corpus of the real HotpotQA sample's context paragraphs (row numbers as ids)."""
+    from corag.data.corpus import Corpus as ArrowCorpus
+    from corag.data.corpus import corpus_from_contexts
+
+    built = corpus_from_contexts(
+        [shared_data / "hotpotqa/hotpot_dev_distractor_sample.json"], tmp_path_factory.mktemp("c") / "c.jsonl"
+    )
+    return built, ArrowCorpus.load(built.path)
+
+
+def _with_context_ids(example, ids):
+    from dataclasses import replace
+
+    return replace(example, meta={**example.meta, "context_doc_ids": ids})
+
+
+def test_final_answer_reads_exactly_the_datasets_first_20_context_doc_ids(hotpot_corpus):
+    from corag.decoding import greedy
+    from corag.prompts import final_answer_messages
+
+    built, corpus = hotpot_corpus
+    example = built.examples[0]  # "Were Scott Derrickson and Ed Wood of the same nationality?"
+    ids = [str(i) for i in range(500, 475, -1)]  # 25 ids, best first; only the first 20 are read
+    lm, retriever = EchoLM(" Yes "), RecordingRetriever(list(corpus.iter_batches(1000))[0])
+    ex = Executor(lm, retriever)
+    [result] = ex.run([greedy(ex.context(), _with_context_ids(example, ids), corpus, max_steps=1)])
+    assert result.context_doc_ids == tuple(ids[:20]) and result.context_doc_source == "dataset"
+    assert [q for q, _ in retriever.queries] == [result.steps[0].subquery]  # the question was not searched
+    final = lm.requests[-1].messages[-1]["content"]
+    expected = final_answer_messages(
+        example.query, result.steps, "answer multi-hop questions", corpus.get_many(ids[:20]), tok=lm
+    )
+    assert final == expected[-1]["content"]
+    # Doc 19, nearest the question, is the best one; Doc 0 the 20th
+    passages = corpus.get_many(ids[:20])
+    for i, passage in enumerate(reversed(passages)):
+        assert f"Doc {i}: {passage.title}\n" in final
+    assert "Doc 20:" not in final and corpus.get(ids[20]).contents[:60] not in final
+    assert result.to_record()["context_doc_source"] == "dataset"
+
+    retrieved = EchoLM(" Yes ")
+    ex = Executor(retrieved, retriever)
+    [searched] = ex.run(
+        [greedy(ex.context(), _with_context_ids(example, ids), corpus, max_steps=0, final_docs="retrieve")]
+    )
+    assert searched.context_doc_source == "retrieved" and retriever.queries[-1] == (example.query, 20)
+    assert searched.context_doc_ids == tuple(h.doc_id for h in retriever.search([example.query], 20)[0])
+
+
+def test_context_doc_ids_outside_the_corpus_fail_before_any_model_call(hotpot_corpus):
+    built, corpus = hotpot_corpus
+    far = str(len(corpus) + 7)
+    examples = [_with_context_ids(built.examples[0], ["3", far]), built.examples[1]]
+    with pytest.raises(InputError, match=f"document '{far}' of context_doc_ids is not in the corpus") as err:
+        chain.check_dataset_docs(examples, corpus)
+    assert (err.value.record, err.value.field) == (built.examples[0].id, "context_doc_ids")
+    assert chain.check_dataset_docs(examples, corpus, "retrieve") == 0
+    assert chain.check_dataset_docs([_with_context_ids(built.examples[0], ["3"])], corpus) == 1
+    with pytest.raises(InputError, match="has no context_doc_ids") as err:
+        chain.check_dataset_docs([built.examples[1]], corpus, "dataset")
+    assert err.value.record == built.examples[1].id
+    with pytest.raises(InputError, match="unknown final_docs"):
+        chain.check_dataset_docs([], corpus, "oracle")

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from corag.cli import main as cli_main
 from corag.data.corpus import Corpus
 from corag.data.formats import load_examples
+from corag.data.jsonl import write_jsonl
 from corag.errors import InputError
 from corag.evaluation import (
     Run,
@@ -97,7 +99,7 @@ def test_bad_prediction_files_get_one_clear_error(tmp_path, lines, field, messag
     path = tmp_path / "predictions.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with pytest.raises(InputError, match=message) as err:
-        read_predictions(path, EXAMPLES)
+        read_predictions(path, EXAMPLES, require_all=True)
     assert str(path) in str(err.value) and repr(field) in str(err.value)
 
 
@@ -139,9 +141,392 @@ def test_kilt_submission_from_predictions_validates(shared_data, tmp_path):
     corpus_path = tmp_path / "corpus.jsonl"
     corpus_path.write_text(json.dumps({"id": "p0", "title": "Some Page", "contents": "text"}) + "\n")
     records = [{"query_id": e.id, "predictions": e.answers[0], "context_doc_ids": ["p0"]} for e in examples]
-    page_ids = tmp_path / "pages.json"
-    page_ids.write_text(json.dumps({"Some Page": "12345"}))
-    write_kilt_submission(tmp_path / "sub.jsonl", records, Corpus.load(corpus_path), page_ids)
+    ids = [e.id for e in examples]
+    write_kilt_submission(
+        tmp_path / "sub.jsonl", ids, records, Corpus.load(corpus_path), {"Some Page": "12345"}
+    )
     pairs = validate_submission(tmp_path / "sub.jsonl", gold)
     assert [g["id"] for g, _ in pairs] == [e.id for e in examples]
     assert pairs[0][1]["output"][0]["provenance"] == [{"wikipedia_id": "12345"}]
+
+
+# Real files end to end: official formats, tasks, official rules, missing predictions -----------------
+
+HOTPOT = "hotpotqa/hotpot_dev_distractor_sample.json"
+TWOWIKI = "2wikimultihopqa/2wiki_dev_sample.json"
+MUSIQUE = "musique/musique_ans_v1.0_dev_sample.jsonl"
+KILT = "kilt/hotpotqa-dev-kilt.sample.jsonl"
+
+
+def evaluate(capsys, *args) -> tuple[int, str]:
+    """`corag evaluate ARGS` through the command wrapper: (status, stderr)."""
+    status = cli_main(["evaluate", *map(str, args)])
+    return status, capsys.readouterr().err
+
+
+def metrics_of(out_dir) -> dict:
+    return json.loads((out_dir / "metrics.json").read_text())
+
+
+def _noisy(examples) -> list[str]:
+    """Predictions right, right but differently written, wrong, or half right, in turn."""
+    out = []
+    for i, e in enumerate(examples):
+        gold = e.answers[0]
+        out.append([gold, f"The {gold.upper()}!", "Paris", gold.split()[0] + " x"][i % 4])
+    return out
+
+
+def _ours(path, examples, predictions) -> None:
+    write_jsonl(
+        path,
+        [
+            {"query_id": e.id, "predictions": p, "usage": {"total_tokens": 100 + i}, "model_calls": 3}
+            for i, (e, p) in enumerate(zip(examples, predictions, strict=True))
+        ],
+    )
+
+
+def test_an_official_prediction_file_scores_as_the_same_predictions_in_ours(shared_data, tmp_path, capsys):
+    examples = load_examples(shared_data / MUSIQUE)
+    predictions = _noisy(examples)
+    _ours(tmp_path / "ours.jsonl", examples, predictions)
+    official = tmp_path / "preds_greedy_musique_validation.jsonl"
+    write_jsonl(
+        official,
+        [
+            {"query": e.query, "answers": list(e.answers), "query_id": e.id, "task_desc": "answer multi-hop questions",
+             "prediction": p, "subqueries": [], "subanswers": []}
+            for e, p in zip(examples, predictions, strict=True)
+        ],
+    )  # fmt: skip
+    for rules in ("official", "corag"):
+        assert evaluate(capsys, "--data", shared_data / MUSIQUE, "--predictions", tmp_path / "ours.jsonl",
+                        "--out-dir", tmp_path / "a", "--rules", rules)[0] == 0  # fmt: skip
+        assert evaluate(capsys, "--data", shared_data / MUSIQUE, "--predictions", official,
+                        "--out-dir", tmp_path / "b", "--rules", rules)[0] == 0  # fmt: skip
+        ours, theirs = metrics_of(tmp_path / "a"), metrics_of(tmp_path / "b")
+        for key in ("em", "f1", "cover_em", "count", "num_samples", "missing"):
+            assert ours[key] == theirs[key], (rules, key)
+    # a quarter exactly right, a quarter right after normalisation: EM at least half
+    assert 50.0 <= ours["em"] < 75.0 and ours["eval_task"] == "musique" and ours["eval_split"] == "dev"
+
+
+def test_official_files_written_beside_ours_read_back_the_same(shared_data, tmp_path, capsys):
+    from corag.evaluation import write_official_files
+
+    examples = load_examples(shared_data / MUSIQUE)
+    predictions = _noisy(examples)
+    records = [
+        {"query_id": e.id, "predictions": p, "subqueries": ["q"], "subanswers": ["a"],
+         "usage": {"total_tokens": 1000}, "model_calls": 13}
+        for e, p in zip(examples, predictions, strict=True)
+    ]  # fmt: skip
+    paths = write_official_files(
+        tmp_path, Run("greedy", (("max_steps", 6),)), examples, records, "validation"
+    )
+    assert [p.name for p in paths] == [
+        "preds_greedy_musique_validation.jsonl",
+        "metrics_musique_validation_greedy.json",
+    ]
+    official = json.loads(paths[1].read_text())
+    assert set(official) == {"em", "f1", "num_samples", "eval_task", "eval_split", "max_path_length",
+                             "decode_strategy", "token_consumed", "average_token_consumed_per_sample"}  # fmt: skip
+    assert (official["num_samples"], official["token_consumed"]) == (120, 120_000)
+    assert official["average_token_consumed_per_sample"] == 1000.0 and official["max_path_length"] == 6
+    line = json.loads(paths[0].read_text().splitlines()[0])
+    assert list(line) == [
+        "query",
+        "answers",
+        "query_id",
+        "task_desc",
+        "prediction",
+        "subqueries",
+        "subanswers",
+    ]
+    assert evaluate(capsys, "--data", shared_data / MUSIQUE, "--predictions", paths[0], "--out-dir", tmp_path / "m",
+                    "--rules", "corag")[0] == 0  # fmt: skip
+    again = metrics_of(tmp_path / "m")
+    assert official["em"] == round(again["em"], 3) and official["f1"] == round(again["f1"], 3)
+    assert again["token_consumed"] == 0  # the official file carries no usage
+    assert write_official_files(tmp_path, Run("greedy", (("max_steps", 0),)), examples, records, "dev")[
+        0
+    ].name == ("preds_greedy_musique_dev.jsonl")
+
+
+def test_a_missing_prediction_counts_0_with_a_warning(shared_data, tmp_path, capsys):
+    examples = load_examples(shared_data / HOTPOT)
+    _ours(tmp_path / "p.jsonl", examples[3:], [e.answers[0] for e in examples[3:]])
+    status, err = evaluate(capsys, "--data", shared_data / HOTPOT, "--predictions", tmp_path / "p.jsonl",
+                           "--out-dir", tmp_path / "o")  # fmt: skip
+    assert status == 0 and f"no prediction for 3 of {len(examples)} question(s)" in err
+    metrics = metrics_of(tmp_path / "o")
+    assert metrics["em"] == pytest.approx(100 * (len(examples) - 3) / len(examples))
+    assert (metrics["missing"], metrics["count"], metrics["answered"]) == (3, 103, 103)
+    status, err = evaluate(capsys, "--data", shared_data / HOTPOT, "--predictions", tmp_path / "p.jsonl",
+                           "--out-dir", tmp_path / "o", "--require-all")  # fmt: skip
+    assert status == 2 and err.count("\n") == 1
+    assert "field 'query_id': no prediction for 3 question(s)" in err and repr(examples[0].id) in err
+
+
+def test_2wiki_aliases_demonyms_and_empty_aliases_score_as_the_official_script(shared_data, tmp_path, capsys):
+    """Expected values worked out by hand from 2wikimultihop_evaluate_v1.1.py: the gold set is the
+    answer plus the id's aliases and demonyms; F1 is 0 against an empty gold and for yes/no mismatches."""
+    records = json.loads((shared_data / TWOWIKI).read_text(encoding="utf-8"))
+    picked = [records[i] for i in (0, 4, 6, 9, 14, 11)]
+    assert [r["answer"] for r in picked] == [
+        "Free Guy",
+        "Montreal, Quebec",
+        "Lancashire",
+        "Flora",
+        "Buenos Aires",
+        "yes",
+    ]
+    (tmp_path / "dev.json").write_text(json.dumps(picked), encoding="utf-8")
+    write_jsonl(tmp_path / "id_aliases.json", [
+        {"Q_id": "Q38685497", "aliases": ["Free Guy (film)"], "demonyms": []},
+        {"Q_id": "Q340", "aliases": ["Montréal", ""], "demonyms": ["Montrealer"]},
+        {"Q_id": "Q23077", "aliases": ["County Palatine of Lancaster", ""], "demonyms": []},
+        {"Q_id": "Q493811", "aliases": [""], "demonyms": []},
+    ])  # fmt: skip
+    predictions = ["free guy film", "Montrealer", "", "The", "", "yes indeed"]
+    _ours(tmp_path / "p.jsonl", load_examples(tmp_path / "dev.json"), predictions)
+    base = [
+        "--data",
+        tmp_path / "dev.json",
+        "--predictions",
+        tmp_path / "p.jsonl",
+        "--out-dir",
+        tmp_path / "o",
+    ]
+    assert evaluate(capsys, *base, "--aliases", tmp_path / "id_aliases.json")[0] == 0
+    with_aliases = metrics_of(tmp_path / "o")
+    # EM: alias, demonym, empty alias (twice: "" and "The" normalise to nothing) -> 4 of 6
+    assert with_aliases["em"] == pytest.approx(100 * 4 / 6)
+    # F1: 1 for the alias and the demonym; 0 against an empty gold; "yes indeed" vs "yes" is 0 (yes/no rule)
+    assert with_aliases["f1"] == pytest.approx(100 * 2 / 6)
+    assert evaluate(capsys, *base)[0] == 0
+    without = metrics_of(tmp_path / "o")
+    # only "free guy film" vs "Free Guy" overlaps: P 2/3, R 1, F1 0.8
+    assert without["em"] == 0.0 and without["f1"] == pytest.approx(100 * 0.8 / 6)
+    assert evaluate(capsys, *base, "--aliases", tmp_path / "id_aliases.json", "--rules", "corag")[0] == 0
+    # the CoRAG paper's SQuAD F1 has no yes/no rule: "yes indeed" vs "yes" gives 2/3
+    assert metrics_of(tmp_path / "o")["f1"] == pytest.approx(100 * (2 + 2 / 3) / 6)
+    status, err = evaluate(capsys, *base, "--aliases", tmp_path / "missing.json")
+    assert status == 2 and "missing.json: no such file" in err
+
+
+def _kilt_answers(examples) -> list[str]:
+    """Yes/no answers with more words (KILT gives partial F1, HotpotQA's rule 0), every other answer
+    with a trailing space or newline (KILT strips it)."""
+    out = []
+    for i, e in enumerate(examples):
+        gold = e.answers[0]
+        out.append(f"{gold}, I think" if gold in ("yes", "no") else gold + (" " if i % 2 else "\n"))
+    return out
+
+
+def test_kilt_files_score_by_kilt_rules_yes_no_and_trailing_whitespace(shared_data, tmp_path, capsys):
+    from corag.evaluation import answer_row
+    from corag.kilt import KiltPrediction, score_submission, write_submission
+    from corag.metrics import rouge_l
+
+    examples = load_examples(shared_data / KILT)
+    answers = _kilt_answers(examples)
+    _ours(tmp_path / "p.jsonl", examples, answers)
+    assert evaluate(capsys, "--data", shared_data / KILT, "--predictions", tmp_path / "p.jsonl",
+                    "--out-dir", tmp_path / "o")[0] == 0  # fmt: skip
+    ours = metrics_of(tmp_path / "o")
+    write_submission(
+        tmp_path / "sub.jsonl", [KiltPrediction(e.id, a) for e, a in zip(examples, answers, strict=True)]
+    )
+    kilt = score_submission(tmp_path / "sub.jsonl", shared_data / KILT)["downstream"]
+    for key in ("accuracy", "em", "f1", "rougel"):
+        assert ours[key] == pytest.approx(100 * kilt[key]), key
+    assert ours["accuracy"] == pytest.approx(
+        100 * sum(e.answers[0] not in ("yes", "no") for e in examples) / 1000
+    )
+    # by hand: "yes, I think" against "yes" shares one of three tokens: F1 2 * (1/3) / (1/3 + 1) = 0.5
+    yes = next(e for e in examples if e.answers == ("yes",))
+    assert answer_row("yes, I think", yes, "kilt")["f1"] == 0.5
+    assert answer_row("yes, I think", yes, "hotpotqa")["f1"] == 0.0
+    assert answer_row("Miami Gardens, Florida,\n", examples[-1], "kilt")["rougel"] == pytest.approx(1.0)
+    # how many of the 1000 pairs the wrong rules would have scored differently
+    f1_disagree = sum(
+        answer_row(a, e, "kilt")["f1"] != answer_row(a, e, "hotpotqa")["f1"]
+        for e, a in zip(examples, answers, strict=True)
+    )
+    rouge_disagree = sum(rouge_l(a, e.answers[0]) != rouge_l(a.strip(), e.answers[0]) for e, a in zip(examples, answers, strict=True))  # fmt: skip
+    assert f1_disagree == sum(e.answers[0] in ("yes", "no") for e in examples) and rouge_disagree > 0
+    print(f"yes/no F1 disagreements {f1_disagree}, unstripped ROUGE-L disagreements {rouge_disagree}")
+
+
+def test_a_kilt_split_named_like_the_hubs_gets_its_task_from_the_data_or_task(shared_data, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    examples = load_examples(shared_data / KILT)[:200]
+    rows = [
+        {"query": e.query, "answers": list(e.answers), "query_id": e.id, "context_doc_ids": []}
+        for e in examples
+    ]
+    lone = tmp_path / "validation-00000-of-00001.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), lone)
+    answers = _kilt_answers(examples)
+    _ours(tmp_path / "p.jsonl", examples, answers)
+    base = ["--predictions", tmp_path / "p.jsonl", "--out-dir", tmp_path / "o"]
+    status, err = evaluate(capsys, "--data", lone, *base)
+    assert status == 2 and "pass --task" in err and err.count("\n") == 1
+    assert evaluate(capsys, "--data", lone, "--task", "kilt_hotpotqa", *base)[0] == 0
+    by_task = metrics_of(tmp_path / "o")
+    assert by_task["eval_task"] == "hotpotqa" and "rougel" in by_task and "accuracy" in by_task
+    assert len((tmp_path / "o" / "kilt_submission.jsonl").read_text().splitlines()) == 200
+    hub = tmp_path / "kilt" / "hotpotqa" / "validation-00000-of-00001.parquet"
+    hub.parent.mkdir(parents=True)
+    hub.write_bytes(lone.read_bytes())
+    assert evaluate(capsys, "--data", hub, *base)[0] == 0
+    assert metrics_of(tmp_path / "o")["f1"] == by_task["f1"]
+    pq.write_table(pa.Table.from_pylist([{**r, "task": "kilt_hotpotqa"} for r in rows]), lone)
+    assert evaluate(capsys, "--data", lone, *base)[0] == 0
+    assert metrics_of(tmp_path / "o")["f1"] == by_task["f1"]
+    # named as the original HotpotQA instead, its yes/no rule applies: a different F1
+    assert evaluate(capsys, "--data", lone, "--task", "hotpotqa", *base)[0] == 0
+    assert metrics_of(tmp_path / "o")["f1"] < by_task["f1"]
+
+
+def _knowledge_source(path, pages) -> None:
+    path.write_text(
+        "".join(
+            json.dumps({"_id": p, "wikipedia_id": p, "wikipedia_title": t, "text": [t + "\n", "..."]}) + "\n"
+            for p, t in pages
+        ),
+        encoding="utf-8",
+    )
+
+
+def test_a_kilt_test_file_without_answers_yields_a_valid_submission(shared_data, tmp_path, capsys):
+    from corag.kilt import score_submission
+
+    gold_lines = (shared_data / KILT).read_text(encoding="utf-8").splitlines()[:50]
+    gold = tmp_path / "hotpotqa-dev-kilt.jsonl"
+    gold.write_text("\n".join(gold_lines) + "\n", encoding="utf-8")
+    golds = [json.loads(line) for line in gold_lines]
+    test_file = tmp_path / "hotpotqa-test_without_answers-kilt.jsonl"
+    write_jsonl(test_file, [{"id": g["id"], "input": g["input"]} for g in golds])
+    gold_pages = {}  # the gold pages of each question, in provenance order
+    for g in golds:
+        pages = [(str(p["wikipedia_id"]), p["title"]) for o in g["output"] for p in o.get("provenance", [])]
+        gold_pages[g["id"]] = list(dict.fromkeys(pages))
+    every_page = list(dict.fromkeys(p for pages in gold_pages.values() for p in pages))
+    distractor = ("99000001", "A Distractor Page")
+    _knowledge_source(tmp_path / "ks.json", [*every_page, distractor])
+    assert cli_main(["kilt-pages", str(tmp_path / "ks.json"), "--out", str(tmp_path / "pages.json")]) == 0
+    # the corpus: two passages of every page (rows 2i and 2i + 1), then the distractor
+    rows = {}
+    with (tmp_path / "corpus.jsonl").open("w", encoding="utf-8") as f:
+        for i, (_, title) in enumerate([*every_page, distractor]):
+            rows[title] = [str(2 * i), str(2 * i + 1)]
+            for part in ("one", "two"):
+                f.write(json.dumps({"title": title, "contents": f"{title}: part {part}"}) + "\n")
+    predictions, expected_rprec = [], []
+    for i, g in enumerate(golds):
+        cited = [r for _, title in gold_pages[g["id"]] for r in rows[title]]
+        if i % 2:  # the distractor first: one of the R first pages is wrong
+            cited = [rows[distractor[1]][0], *cited]
+            expected_rprec.append((len(gold_pages[g["id"]]) - 1) / len(gold_pages[g["id"]]))
+        else:
+            expected_rprec.append(1.0)
+        answer = g["output"][0]["answer"] if i % 2 == 0 else ""
+        predictions.append({"query_id": g["id"], "predictions": answer, "context_doc_ids": cited})
+    write_jsonl(tmp_path / "p.jsonl", predictions)
+    status, _ = evaluate(capsys, "--data", test_file, "--predictions", tmp_path / "p.jsonl", "--out-dir",
+                         tmp_path / "o", "--corpus", tmp_path / "corpus.jsonl", "--page-ids", tmp_path / "pages.json")  # fmt: skip
+    assert status == 0
+    metrics = metrics_of(tmp_path / "o")
+    assert metrics["answered"] == 0 and "em" not in metrics and metrics["count"] == 50
+    submission = tmp_path / "o" / "kilt_submission.jsonl"
+    pairs = validate_submission(submission, gold)  # every gold id, one answer each
+    assert [guess["id"] for _, guess in pairs] == [g["id"] for g in golds]
+    first = json.loads(submission.read_text().splitlines()[0])
+    assert first["output"][0]["provenance"] == [{"wikipedia_id": p} for p, _ in gold_pages[golds[0]["id"]]]
+    scores = score_submission(submission, gold)
+    assert scores["retrieval"]["Rprec"] == pytest.approx(sum(expected_rprec) / 50)
+    assert scores["kilt"]["KILT-em"] == pytest.approx(0.5) and scores["downstream"]["em"] == pytest.approx(
+        0.5
+    )
+
+
+def test_kilt_page_ids_are_never_compared_with_passage_ids(shared_data, tmp_path):
+    """The sample's gold page ids below 30,000 are also row numbers of a 30,000-row corpus: citing
+    those rows cites unrelated passages, and must not count as finding the gold pages."""
+    from corag.kilt import passage_pages
+
+    examples = load_examples(shared_data / KILT)
+    assert all(e.supporting_ids == () and e.supporting_pages for e in examples)
+    with (tmp_path / "corpus.jsonl").open("w", encoding="utf-8") as f:
+        for row in range(30_000):
+            f.write(json.dumps({"title": f"Row {row}", "contents": f"passage {row}"}) + "\n")
+    corpus = Corpus.load(tmp_path / "corpus.jsonl")
+    colliding = [e for e in examples if any(int(p) < 30_000 for p in e.supporting_pages)]
+    assert len(colliding) >= 40  # e.g. Ed Wood's page id 10520 is row 10520 here
+    records = [
+        {"query_id": e.id, "predictions": e.answers[0],
+         "context_doc_ids": [p for p in e.supporting_pages if int(p) < 30_000] or ["0"],
+         "steps": [{"subquery": "s", "subanswer": "a", "doc_ids": [p for p in e.supporting_pages if int(p) < 30_000]}]}
+        for e in examples
+    ]  # fmt: skip
+    summary = score_records(examples, records)
+    assert not [k for k in summary if k.startswith("recall@")]  # no gold passage ids, no passage recall
+    title_ids = {f"Row {r}": str(7_000_000 + r) for r in range(30_000)}
+    pages = lambda ids: passage_pages(corpus.get_many(ids), title_ids)[0]  # noqa: E731
+    with_pages = score_records(examples, records, pages=pages)
+    assert with_pages["Rprec_question"] == 0.0 and with_pages["page_recall@5_chain_rrf"] == 0.0
+    assert with_pages["KILT-em"] == 0.0 and with_pages["em"] == 100.0
+    # with a map that says row r is page r (the rows stand for those pages), the same citations count
+    title_ids.update({f"Row {p}": p for e in colliding for p in e.supporting_pages if int(p) < 30_000})
+    kept = [r for r, e in zip(records, examples, strict=True) if e in colliding]
+    right = score_records(colliding, kept, pages=pages)
+    assert right["page_recall@5_question"] > 0.0
+
+
+def test_evaluate_a_checkpoint_from_context_doc_ids_with_official_files(
+    toy_world, toy_dir, short_model_dir, tmp_path, capsys
+):
+    """`corag evaluate` with a model: released-schema questions carrying context_doc_ids answer from
+    exactly those documents, and the official files come beside ours."""
+    from corag.retrieval.bm25 import BM25Retriever
+
+    BM25Retriever.from_passages(toy_world.passages).save(tmp_path / "bm25")
+    ids = [p.id for p in toy_world.passages][:25][::-1]
+    questions = [
+        {
+            "query": e.query,
+            "answers": list(e.answers),
+            "query_id": e.id,
+            "context_doc_ids": ids,
+            "task": "toy",
+        }
+        for e in toy_world.test[:3]
+    ]
+    write_jsonl(tmp_path / "validation.jsonl", questions)
+    status, err = evaluate(capsys, "--model", short_model_dir, "--data", tmp_path / "validation.jsonl",
+                           "--corpus", toy_dir / "corpus.jsonl", "--retriever", tmp_path / "bm25",
+                           "--methods", "greedy:L=1", "--official-files", "--out-dir", tmp_path / "o")  # fmt: skip
+    assert status == 0, err
+    run = tmp_path / "o" / "greedy_L1"
+    records = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
+    assert [r["context_doc_ids"] for r in records] == [ids[:20]] * 3
+    assert {r["context_doc_source"] for r in records} == {"dataset"}
+    metrics = metrics_of(run)
+    assert (metrics["decode_strategy"], metrics["max_path_length"], metrics["eval_split"]) == (
+        "greedy",
+        1,
+        "validation",
+    )
+    assert metrics["token_consumed"] == sum(r["usage"]["total_tokens"] for r in records)
+    official = json.loads((run / "metrics_toy_validation_greedy.json").read_text())
+    assert official["token_consumed"] == metrics["token_consumed"] and official["num_samples"] == 3
+    preds = [
+        json.loads(line) for line in (run / "preds_greedy_toy_validation.jsonl").read_text().splitlines()
+    ]
+    assert [p["prediction"] for p in preds] == [r["predictions"] for r in records]

@@ -29,7 +29,7 @@ class ScriptedLM:
         return [
             Completion(
                 tuple(f"re {r.messages[-1]['content']}" for _ in range(r.n)),
-                Usage(r.n * words(r.messages), r.n * 2, 1),
+                Usage(words(r.messages), r.n * 2, 1),
             )
             for r in requests
         ]
@@ -234,3 +234,18 @@ def test_concurrent_calls_of_one_question_cannot_together_pass_the_budget():
 
     assert ex.run([question(ctx)]) == [["re a b c", "re a b c", None, None]]
     assert ctx.meter.usage.total == 10 <= 12
+
+
+def test_a_call_with_n_samples_charges_its_prompt_once():
+    lm = ScriptedLM()
+    ex = Executor(lm)
+    ctx = ex.context(budget=9)  # 3 prompt words + 3 samples x 2 new tokens = 9, the prompt counted once
+
+    async def question(ctx):
+        return (await ctx.generate(ask("a b c", n=3))).texts
+
+    assert ex.run([question(ctx)]) == [("re a b c",) * 3]
+    assert ctx.meter.usage == Usage(3, 6, 1)
+    tight = ex.context(budget=8)
+    with pytest.raises(BudgetExceeded):
+        ex.run([question(tight)])

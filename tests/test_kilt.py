@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from corag.cli import main as cli_main
 from corag.errors import InputError
 from corag.kilt import (
     KiltPrediction,
     load_gold,
-    main,
     read_jsonl,
     score_pairs,
     score_submission,
@@ -524,9 +524,78 @@ def test_gold_without_answers_is_an_error(tmp_path):
 
 def test_main_prints_scores_and_reports_errors(tmp_path, small_gold, gold_records, capsys):
     sub = _write_lines(tmp_path / "sub.jsonl", _good_lines(gold_records))
-    assert main([str(sub), str(small_gold), "--ks", "1,2"]) == 0
+    assert cli_main(["kilt-score", str(sub), str(small_gold), "--ks", "1,2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["count"] == 3 and "recall@2" in result["retrieval"]
-    bad = _write_lines(tmp_path / "bad.jsonl", _good_lines(gold_records)[:2])
-    assert main([str(bad), str(small_gold)]) == 2
-    assert "no prediction" in capsys.readouterr().err
+    partial = _write_lines(tmp_path / "partial.jsonl", _good_lines(gold_records)[:2])
+    assert cli_main(["kilt-score", str(partial), str(small_gold)]) == 0
+    captured = capsys.readouterr()
+    assert "no prediction for 1 of 3 question(s)" in captured.err and "counts 0" in captured.err
+    counted = json.loads(captured.out)
+    # the missing id counts 0: the same scores as an empty answer without provenance on that line
+    empty = json.loads(_good_lines(gold_records)[2])
+    empty["output"] = [{"answer": "", "provenance": []}]
+    padded = _write_lines(tmp_path / "padded.jsonl", [*_good_lines(gold_records)[:2], json.dumps(empty)])
+    assert counted == score_submission(padded, small_gold)
+    assert counted["count"] == 3
+    assert cli_main(["kilt-score", str(partial), str(small_gold), "--require-all"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("corag kilt-score: error: ") and "no prediction for 1 gold id(s)" in err
+    assert err.count("\n") == 1
+    assert cli_main(["kilt-score", str(partial), str(small_gold), "--ks", "1,five"]) == 2
+    assert "field '--ks': expected comma-separated integers" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------
+# Page ids of retrieved passages: the map from the knowledge source
+
+
+def knowledge_source(path: Path, pages: list[tuple[str, str]]) -> Path:
+    """A tiny `kilt_knowledgesource.json`: one page a line, keys in the published order."""
+    lines = [
+        json.dumps({"_id": pid, "wikipedia_id": pid, "wikipedia_title": title,
+                    "text": [f"{title}\n", f"{title} is a page."], "anchors": [], "categories": ""})
+        for pid, title in pages
+    ]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_kilt_pages_maps_titles_to_page_ids(tmp_path, capsys):
+    from corag.kilt import passage_pages, read_page_ids
+    from corag.types import Passage
+
+    source = knowledge_source(tmp_path / "ks.json", [("2816539", "Scott Derrickson"), ("10520", "Ed Wood")])
+    with source.open("a", encoding="utf-8") as f:  # another key order, and a title seen twice
+        f.write(
+            json.dumps({"text": ["Ed Wood\n"], "wikipedia_title": "Ed Wood (film)", "wikipedia_id": 1234})
+            + "\n"
+        )
+        f.write(
+            json.dumps({"_id": "9", "wikipedia_id": "9", "wikipedia_title": "Ed Wood", "text": []}) + "\n"
+        )
+    assert cli_main(["kilt-pages", str(source), "--out", str(tmp_path / "pages.json")]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0]) == {"pages": 3, "duplicate_titles": 1}
+    title_ids = read_page_ids(tmp_path / "pages.json")
+    assert title_ids == {"Scott Derrickson": "2816539", "Ed Wood": "10520", "Ed Wood (film)": "1234"}
+    passages = [Passage("7", "Ed Wood", "x"), Passage("3", "Unknown", "y"), Passage("8", "Ed Wood", "z"),
+                Passage("1", "Scott Derrickson", "w")]  # fmt: skip
+    assert passage_pages(passages, title_ids) == (["10520", "2816539"], 1)
+
+
+def test_bad_page_maps_and_knowledge_sources_are_one_line_errors(tmp_path, capsys):
+    (tmp_path / "ks.json").write_text('{"wikipedia_id": "1", "wikipedia_title": "A", "text": []}\nnot json\n')
+    assert cli_main(["kilt-pages", str(tmp_path / "ks.json"), "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after the progress bar
+    assert err == (f"corag kilt-pages: error: {tmp_path / 'ks.json'}, line 2, field 'wikipedia_title': "
+                   "not a knowledge-source page (JSON with wikipedia_id and wikipedia_title)")  # fmt: skip
+    assert not (tmp_path / "p.json").exists()  # nothing half-written
+    from corag.kilt import read_page_ids
+
+    (tmp_path / "pages.json").write_text('["Ed Wood", "10520"]')
+    with pytest.raises(InputError, match="expected a JSON object of title -> page id, got list"):
+        read_page_ids(tmp_path / "pages.json")
+    (tmp_path / "pages.json").write_text('{"Ed Wood": ["10520"]}')
+    with pytest.raises(InputError, match="expected a page id") as err:
+        read_page_ids(tmp_path / "pages.json")
+    assert (err.value.record, err.value.field) == ("Ed Wood", "wikipedia_id")

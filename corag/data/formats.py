@@ -1,24 +1,37 @@
 """Loaders for the question files of each benchmark, in the formats they are published in.
 
-Every loader returns `list[Example]` and raises InputError naming the file, line or record id, and
-field for bad input. Datasets that come with context paragraphs (HotpotQA, 2WikiMultihopQA, MuSiQue)
-keep them in `meta["paragraphs"]` as `{"title", "text", "is_supporting"}` dicts, so that
+Every loader returns `list[Example]` and raises InputError naming the file, line (or record index or
+byte offset) or record id, and field for bad input. A file's format is told by the keys of its first
+record, never by its name; its records may be a JSON array, JSON lines or a parquet file, whichever
+the benchmark was published in or copied to (HotpotQA and 2Wiki as JSONL, MuSiQue as a JSON array).
+
+Datasets that come with context paragraphs (HotpotQA, 2WikiMultihopQA, MuSiQue) keep them in
+`meta["paragraphs"]` as `{"title", "text", "is_supporting"}` dicts, so that
 `corag.data.corpus.corpus_from_contexts` can build a retrieval corpus and fill `supporting_ids`
 (and MuSiQue's per-step `doc_ids`) with that corpus's ids. Loaders leave those ids empty, since their
-meaning depends on which corpus is searched.
+meaning depends on which corpus is searched. KILT names its gold evidence by Wikipedia page:
+those ids go to `supporting_pages`, never to `supporting_ids` (passage ids of a corpus).
+
+Answers follow each benchmark's official script: 2Wiki's gold answers are the answer, its aliases
+and its demonyms; MuSiQue's the answer and its aliases; both keep an empty alias (it matches an
+answer that normalises to nothing, as there). KILT keeps the non-empty stripped answers. Test files
+whose records carry no answers at all (KILT's `*-test_without_answers-kilt.jsonl`, a hub test split)
+load with empty `answers`, for prediction and submission.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from corag.data.jsonl import UniqueIds, check_fields, check_str_list, iter_jsonl
+from corag.data.jsonl import UniqueIds, check_fields, check_str_list, input_file, iter_jsonl
 from corag.errors import InputError
+from corag.tasks import get_task, task_from_path
 from corag.types import Example, Step
 
 PathLike = str | Path
@@ -34,34 +47,136 @@ def _dedup(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def _read_json_array(path: Path) -> list[Any]:
-    """A whole-file JSON array (HotpotQA and 2Wiki ship one array per split)."""
+def _keep_empty(items: Iterable[str]) -> tuple[str, ...]:
+    """Strip and drop repeats, keeping an empty string (an official alias like any other)."""
+    return tuple(dict.fromkeys(item.strip() for item in items))
+
+
+# Reading records ----------------------------------------------------------------------------------
+
+
+class Row(NamedTuple):
+    """One record and where it sits: its line (JSON lines) or None, and its index in the file."""
+
+    line: int | None
+    index: int
+    record: dict[str, Any]
+
+
+def _first_char(path: Path) -> str:
+    """The first non-blank character of a text file ('' for a blank one)."""
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head[:1].decode("ascii", errors="replace")
+
+
+def _decode(data: bytes, path: Path) -> str:
+    """A whole file as UTF-8 text; a bad byte is named by line, or by byte offset in a one-line file."""
     try:
-        with path.open(encoding="utf-8") as f:
-            data = json.load(f)
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        one_line = data.count(b"\n", 0, len(data.rstrip(b"\r\n"))) == 0
+        where = f"at byte offset {e.start}" if one_line else f"on line {line}"
+        raise InputError(
+            f"not UTF-8 text (byte 0x{data[e.start]:02x} {where})",
+            file=str(path),
+            line=None if one_line else line,
+        ) from None
+
+
+def _json_array(path: Path) -> list[Any]:
+    """A whole-file JSON array; a syntax error is named by line, or by byte offset in a one-line file."""
+    text = _decode(path.read_bytes(), path)
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise InputError(f"malformed JSON ({e.msg})", file=str(path), line=e.lineno) from None
+        one_line = "\n" not in text.rstrip()
+        at = "" if e.msg.endswith(" at") else " at"
+        where = f"byte offset {len(text[: e.pos].encode('utf-8'))}" if one_line else f"column {e.colno}"
+        cut = (
+            "; the array is never closed: the file looks cut short" if not text.rstrip().endswith("]") else ""
+        )
+        raise InputError(
+            f"malformed JSON ({e.msg}{at} {where}){cut}", file=str(path), line=None if one_line else e.lineno
+        ) from None
     if not isinstance(data, list):
         raise InputError(f"expected a JSON array of records, got {type(data).__name__}", file=str(path))
     return data
 
 
-def _records_of_array(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(record index, record) of a JSON array; errors name the record index as the position."""
-    for i, record in enumerate(_read_json_array(path)):
-        if not isinstance(record, dict):
-            raise InputError(f"record {i}: expected a JSON object", file=str(path))
-        yield i, record
+def read_rows(path: PathLike) -> Iterator[Row]:
+    """The records of a JSON array, a JSON-lines or a parquet file, whichever `path` holds."""
+    path = Path(path)
+    if path.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        index = 0
+        for batch in pq.ParquetFile(path).iter_batches():
+            for record in batch.to_pylist():
+                yield Row(None, index, record)
+                index += 1
+        return
+    if _first_char(path) == "[":
+        for index, record in enumerate(_json_array(path)):
+            if not isinstance(record, dict):
+                raise InputError(f"record #{index}: expected a JSON object", file=str(path))
+            yield Row(None, index, record)
+        return
+    for index, (line, record) in enumerate(iter_jsonl(path)):
+        yield Row(line, index, record)
 
 
-def _record_id(record: dict[str, Any], key: str) -> str | None:
-    value = record.get(key)
-    return value if isinstance(value, str) else None
+def _where(path: PathLike, row: Row, id_key: str) -> dict[str, Any]:
+    """file / line / record of a row: its id when it has a usable one, else its index."""
+    rid = row.record.get(id_key)
+    if isinstance(rid, int) and not isinstance(rid, bool):
+        rid = str(rid)
+    return {"file": str(path), "line": row.line, "record": rid if isinstance(rid, str) else f"#{row.index}"}
 
 
 def _kw(where: dict[str, Any]) -> dict[str, Any]:
     """`where` (file/line/record) spelled as check_fields keyword arguments."""
     return {"file": where.get("file"), "line": where.get("line"), "record_id": where.get("record")}
+
+
+def _task_name(
+    path: PathLike | None,
+    given: str | None,
+    own: Any = None,
+    *,
+    default: str | None = None,
+    kilt: bool = False,
+    where: dict[str, Any] | None = None,
+) -> str:
+    """A record's task: `given` (the command's `--task`), else the record's own `task` field, else the
+    format's (`default`), else the file's name; else an InputError asking for `--task`."""
+    if given:
+        return get_task(given, kilt=kilt, field="--task").name
+    where = where or {"file": None if path is None else str(path)}
+    if isinstance(own, str) and own.strip():
+        return get_task(own, kilt=kilt, **where).name
+    if default:
+        return default
+    named = task_from_path(path) if path is not None else None
+    if named:
+        return get_task(named, kilt=kilt).name
+    raise InputError(
+        "cannot tell the task from the records or the file name; pass --task (e.g. hotpotqa, nq, "
+        "kilt_hotpotqa; `corag.tasks` lists them)",
+        field="task",
+        **where,
+    )
+
+
+def _check_answered(examples: list[tuple[dict[str, Any], Example]], field: str) -> list[Example]:
+    """Gold files answer every question; a test file answers none. A file that answers some but not
+    all has a broken record: the first unanswered one is the error."""
+    answered = sum(bool(e.answers) for _, e in examples)
+    if 0 < answered < len(examples):
+        where, _ = next((w, e) for w, e in examples if not e.answers)
+        raise InputError("no non-empty answer, where the file's other records have one", field=field, **where)
+    return [e for _, e in examples]
 
 
 # HotpotQA and 2WikiMultihopQA ---------------------------------------------------------------------
@@ -98,21 +213,28 @@ def _supporting_titles(facts: Any, where: dict[str, Any]) -> tuple[str, ...]:
     return _dedup(f[0] for f in facts)
 
 
-def load_hotpotqa(path: PathLike, *, task: str = "hotpotqa", keep_context: bool = True) -> list[Example]:
-    """HotpotQA (distractor or fullwiki) JSON array: `_id, question, answer, supporting_facts, context,
-    type, level`. Test files without answers are refused (nothing to evaluate against)."""
-    path = Path(path)
-    ids, examples = UniqueIds(path), []
+def _wiki_rows(path: Path, optional: dict[str, type]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(where, record) of HotpotQA- or 2Wiki-shaped records, checked, ids unique."""
+    ids = UniqueIds(path)
     required = {"_id": str, "question": str, "answer": str, "supporting_facts": list}
-    for i, r in _records_of_array(path):
-        rid = _record_id(r, "_id")
-        where = {"file": str(path), "record": rid if rid is not None else f"#{i}"}
-        check_fields(
-            r, required, {"context": list, "type": str, "level": str}, file=path, record_id=where["record"]
-        )
-        ids.add(r["_id"])
-        if not r["answer"].strip():
+    for row in read_rows(path):
+        where = _where(path, row, "_id")
+        check_fields(row.record, required, optional, **_kw(where))
+        ids.add(row.record["_id"], row.line, field="_id")
+        if not row.record["answer"].strip():
             raise InputError("empty answer", field="answer", **where)
+        yield where, row.record
+
+
+def load_hotpotqa(
+    path: PathLike, *, task: str | None = None, keep_context: bool = True, **_: Any
+) -> list[Example]:
+    """HotpotQA (distractor or fullwiki), as the published JSON array or as JSON lines: `_id,
+    question, answer, supporting_facts, context, type, level`."""
+    path = Path(path)
+    task_name = _task_name(path, task, default="hotpotqa")
+    examples = []
+    for where, r in _wiki_rows(path, {"context": list, "type": str, "level": str}):
         titles = _supporting_titles(r["supporting_facts"], where)
         meta: dict[str, Any] = {"type": r.get("type"), "level": r.get("level")}
         if keep_context and "context" in r:
@@ -122,7 +244,7 @@ def load_hotpotqa(path: PathLike, *, task: str = "hotpotqa", keep_context: bool 
                 id=r["_id"],
                 query=r["question"].strip(),
                 answers=(r["answer"].strip(),),
-                task=task,
+                task=task_name,
                 supporting_titles=titles,
                 meta=meta,
             )
@@ -131,47 +253,46 @@ def load_hotpotqa(path: PathLike, *, task: str = "hotpotqa", keep_context: bool 
 
 
 def read_2wiki_aliases(path: PathLike) -> dict[str, tuple[str, ...]]:
-    """2WikiMultihopQA's `id_aliases.json`: JSONL lines `{"Q_id", "aliases", ...}` as published, or
-    a single JSON object mapping answer id -> list of aliases."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    """2WikiMultihopQA's `id_aliases.json`, as the official script reads it: JSON lines `{"Q_id",
+    "aliases", "demonyms"}`, each answer id's gold strings being its aliases and its demonyms (empty
+    strings kept). A single JSON object mapping answer id -> list of aliases is read too."""
+    path = input_file(path)
     try:
-        whole = json.loads(text)
+        whole = json.loads(_decode(path.read_bytes(), path))
     except json.JSONDecodeError:
-        whole = None
+        whole = None  # JSON lines: one object per line
     if isinstance(whole, dict) and "Q_id" not in whole:
         return {k: check_str_list(v, "aliases", file=path, record_id=k) for k, v in whole.items()}
     aliases: dict[str, tuple[str, ...]] = {}
     for line_no, r in iter_jsonl(path):
-        check_fields(r, {"Q_id": str, "aliases": list}, file=path, line=line_no)
-        aliases[r["Q_id"]] = check_str_list(
-            r["aliases"], "aliases", file=path, line=line_no, record_id=r["Q_id"]
-        )
+        check_fields(r, {"Q_id": str, "aliases": list}, {"demonyms": list}, file=path, line=line_no)
+        where = {"file": path, "line": line_no, "record_id": r["Q_id"]}
+        names = check_str_list(r["aliases"], "aliases", **where)
+        demonyms = check_str_list(r.get("demonyms") or [], "demonyms", **where)
+        aliases[r["Q_id"]] = (*names, *demonyms)
+    if not aliases:
+        raise InputError("no aliases in the file", file=str(path))
     return aliases
 
 
 def load_2wiki(
     path: PathLike,
     *,
-    aliases: PathLike | dict[str, tuple[str, ...]] | None = None,
-    task: str = "2wikimultihopqa",
+    aliases: PathLike | Mapping[str, tuple[str, ...]] | None = None,
+    task: str | None = None,
     keep_context: bool = True,
+    **_: Any,
 ) -> list[Example]:
-    """2WikiMultihopQA JSON array: `_id, type, question, context, supporting_facts, evidences, answer`
-    and, in the id-enhanced release, `answer_id` (with `aliases`, an id_aliases.json path or mapping,
-    its aliases become extra gold answers, as the official evaluation does)."""
+    """2WikiMultihopQA, as the published JSON array or as JSON lines: `_id, type, question, context,
+    supporting_facts, evidences, answer` and, in the id-enhanced release, `answer_id`. With `aliases`
+    (an id_aliases.json path or a mapping) the answer id's aliases and demonyms become further gold
+    answers, as the official evaluation adds them."""
     path = Path(path)
     alias_map = read_2wiki_aliases(aliases) if isinstance(aliases, str | Path) else (aliases or {})
-    ids, examples = UniqueIds(path), []
-    required = {"_id": str, "question": str, "answer": str, "supporting_facts": list}
+    task_name = _task_name(path, task, default="2wikimultihopqa")
     optional = {"context": list, "type": str, "evidences": list, "answer_id": str, "entity_ids": str}
-    for i, r in _records_of_array(path):
-        rid = _record_id(r, "_id")
-        where = {"file": str(path), "record": rid if rid is not None else f"#{i}"}
-        check_fields(r, required, optional, file=path, record_id=where["record"])
-        ids.add(r["_id"])
-        if not r["answer"].strip():
-            raise InputError("empty answer", field="answer", **where)
+    examples = []
+    for where, r in _wiki_rows(path, optional):
         titles = _supporting_titles(r["supporting_facts"], where)
         answer_id = r.get("answer_id")
         meta: dict[str, Any] = {
@@ -186,8 +307,8 @@ def load_2wiki(
             Example(
                 id=r["_id"],
                 query=r["question"].strip(),
-                answers=_dedup([r["answer"], *alias_map.get(answer_id or "", ())]),
-                task=task,
+                answers=_keep_empty([r["answer"], *alias_map.get(answer_id or "", ())]),
+                task=task_name,
                 supporting_titles=titles,
                 meta=meta,
             )
@@ -212,7 +333,7 @@ def _resolve_refs(question: str, answers: list[str]) -> str:
 
 def _musique_paragraphs(r: dict[str, Any], where: dict[str, Any]) -> list[dict[str, Any]]:
     paragraphs = []
-    for j, p in enumerate(r["paragraphs"]):
+    for j, p in enumerate(r.get("paragraphs") or []):
         if not isinstance(p, dict):
             raise InputError(f"paragraph {j}: expected an object", field="paragraphs", **where)
         check_fields(
@@ -243,54 +364,63 @@ def _musique_supporting_titles(paragraphs: list[dict[str, Any]], decomposition: 
     return _dedup([*hops, *(p["title"] for p in paragraphs if p["is_supporting"])])
 
 
+def _musique_steps(r: dict[str, Any], where: dict[str, Any]) -> tuple[Step, ...]:
+    steps, sub_answers = [], []
+    for k, d in enumerate(r.get("question_decomposition") or []):
+        if not isinstance(d, dict):
+            raise InputError(f"step {k}: expected an object", field="question_decomposition", **where)
+        check_fields(d, {"question": str, "answer": str}, {"paragraph_support_idx": int}, **_kw(where))
+        steps.append(Step(subquery=_resolve_refs(d["question"], sub_answers).strip(), subanswer=d["answer"]))
+        sub_answers.append(d["answer"])
+    return tuple(steps)
+
+
 def load_musique(
-    path: PathLike, *, task: str = "musique", answerable_only: bool = True, keep_context: bool = True
+    path: PathLike,
+    *,
+    task: str | None = None,
+    answerable_only: bool = True,
+    keep_context: bool = True,
+    **_: Any,
 ) -> list[Example]:
-    """MuSiQue JSONL (`musique_ans` or `musique_full`): answers are `answer` plus `answer_aliases`;
-    the gold chain comes from `question_decomposition` with `#k` references filled in (the raw
-    sub-questions and supporting paragraph indices stay in `meta["question_decomposition"]`).
-    Unanswerable records of MuSiQue-Full are skipped unless `answerable_only=False`."""
+    """MuSiQue (`musique_ans` or `musique_full`), as the published JSON lines or as a JSON array, with
+    or without `paragraphs` (question-only copies serve open-domain runs): gold answers are `answer`
+    plus `answer_aliases`; the gold chain comes from `question_decomposition` with `#k` references
+    filled in (the raw sub-questions and supporting paragraph indices stay in
+    `meta["question_decomposition"]`). Unanswerable records of MuSiQue-Full are skipped unless
+    `answerable_only=False`."""
     path = Path(path)
+    task_name = _task_name(path, task, default="musique")
     ids, examples = UniqueIds(path), []
-    required = {"id": str, "question": str, "answer": str, "paragraphs": list}
-    optional = {"answer_aliases": list, "question_decomposition": list, "answerable": bool}
-    for line_no, r in iter_jsonl(path):
-        where = {"file": str(path), "line": line_no, "record": _record_id(r, "id")}
-        check_fields(r, required, optional, **_kw(where))
-        ids.add(r["id"], line_no)
+    required = {"id": str, "question": str, "answer": str}
+    optional = dict.fromkeys(("answer_aliases", "question_decomposition", "paragraphs"), list)
+    for row in read_rows(path):
+        r, where = row.record, _where(path, row, "id")
+        check_fields(r, required, {**optional, "answerable": bool}, **_kw(where))
+        ids.add(r["id"], row.line)
         answerable = r.get("answerable", True)
         if answerable_only and not answerable:
             continue
         aliases = check_str_list(r.get("answer_aliases") or [], "answer_aliases", **_kw(where))
-        answers = _dedup([r["answer"], *aliases])
-        if answerable and not answers:
+        if answerable and not r["answer"].strip():
             raise InputError("empty answer", field="answer", **where)
         paragraphs = _musique_paragraphs(r, where)
-        steps, sub_answers = [], []
-        for k, d in enumerate(r.get("question_decomposition") or []):
-            if not isinstance(d, dict):
-                raise InputError(f"step {k}: expected an object", field="question_decomposition", **where)
-            check_fields(d, {"question": str, "answer": str}, {"paragraph_support_idx": int}, **_kw(where))
-            steps.append(
-                Step(subquery=_resolve_refs(d["question"], sub_answers).strip(), subanswer=d["answer"])
-            )
-            sub_answers.append(d["answer"])
         meta: dict[str, Any] = {
             "answerable": answerable,
             "question_decomposition": r.get("question_decomposition") or [],
         }
-        if keep_context:
+        if keep_context and "paragraphs" in r:
             meta["paragraphs"] = paragraphs
         examples.append(
             Example(
                 id=r["id"],
                 query=r["question"].strip(),
-                answers=answers,
-                task=task,
+                answers=_keep_empty([r["answer"], *aliases]),
+                task=task_name,
                 supporting_titles=_musique_supporting_titles(
                     paragraphs, r.get("question_decomposition") or []
                 ),
-                decomposition=tuple(steps),
+                decomposition=_musique_steps(r, where),
                 meta=meta,
             )
         )
@@ -300,102 +430,142 @@ def load_musique(
 # Bamboogle -----------------------------------------------------------------------------------------
 
 
-def load_bamboogle(path: PathLike, *, task: str = "bamboogle") -> list[Example]:
+def load_bamboogle(path: PathLike, *, task: str | None = None, **_: Any) -> list[Example]:
     """Bamboogle CSV without a header: question in column 0, answer in column 4, an alternative
-    answer in column 5 when present. Ids are `bamboogle-<row>` (0-based row of the CSV)."""
+    answer in column 5 when present. Ids are `bamboogle-<row>` (0-based row of the CSV). Every row
+    has as many columns as the first (7 in the published file): a shorter row, or a quote left open
+    at the end, is a file cut short, never a shorter answer."""
     path = Path(path)
-    examples = []
-    with path.open(encoding="utf-8-sig", newline="") as f:
-        for row_no, row in enumerate(csv.reader(f)):
-            if not any(cell.strip() for cell in row):
-                continue
-            where = {"file": str(path), "record": f"bamboogle-{row_no}"}
-            if len(row) < 5:
-                raise InputError(f"expected at least 5 columns, got {len(row)}", field="column 4", **where)
-            question = row[0].strip()
-            if not question:
-                raise InputError("empty question", field="column 0", **where)
-            answers = _dedup([row[4], *(row[5:6])])
-            if not answers:
-                raise InputError("empty answer", field="column 4", **where)
-            examples.append(Example(id=f"bamboogle-{row_no}", query=question, answers=answers, task=task))
+    task_name = _task_name(path, task, default="bamboogle")
+    text = _decode(path.read_bytes(), path)
+    examples, width = [], None
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    row_no = 0
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            raise InputError(
+                f"malformed CSV ({e}): the file looks cut short", file=str(path), line=reader.line_num
+            ) from None
+        row_no += 1
+        if not any(cell.strip() for cell in row):
+            continue
+        rid = f"bamboogle-{row_no - 1}"
+        where = {"file": str(path), "line": reader.line_num, "record": rid}
+        width = width or len(row)
+        if len(row) != width:
+            raise InputError(
+                f"{len(row)} columns where the first row has {width}: the file looks cut short",
+                field=f"column {len(row) - 1}",
+                **where,
+            )
+        if len(row) < 5:
+            raise InputError(f"expected at least 5 columns, got {len(row)}", field="column 4", **where)
+        question = row[0].strip()
+        if not question:
+            raise InputError("empty question", field="column 0", **where)
+        answers = _dedup([row[4], *(row[5:6])])
+        if not answers:
+            raise InputError("empty answer", field="column 4", **where)
+        examples.append(Example(id=rid, query=question, answers=answers, task=task_name))
     return examples
 
 
 # KILT ----------------------------------------------------------------------------------------------
 
-_KILT_SPLIT = re.compile(r"-(train|dev|test)[^-]*-kilt", re.IGNORECASE)
+
+class _KiltOutputs(NamedTuple):
+    answers: list[str]
+    titles: list[str]
+    provenance: list[Any]
+    evidence: list[list[str]]  # the page ids of each output that has provenance (KILT's evidence sets)
 
 
-def kilt_task_from_name(path: PathLike) -> str:
-    """The KILT task a file holds, from its official name: `hotpotqa-dev-kilt.jsonl` -> `hotpotqa`,
-    `structured_zeroshot-train-kilt.jsonl` -> `structured_zeroshot`."""
-    name = Path(path).name
-    m = _KILT_SPLIT.search(name)
-    if not m:
-        raise InputError("cannot tell the KILT task from the file name; pass task=...", file=str(path))
-    return name[: m.start()].lower()
+def _kilt_outputs(r: dict[str, Any], where: dict[str, Any]) -> _KiltOutputs:
+    """Answers, provenance titles, provenance entries and evidence sets of a KILT record's outputs."""
+    found = _KiltOutputs([], [], [], [])
+    for k, out in enumerate(r.get("output") or []):
+        if not isinstance(out, dict):
+            raise InputError(f"output {k}: expected an object", field="output", **where)
+        if isinstance(out.get("answer"), str):
+            found.answers.append(out["answer"])
+        elif out.get("answer") is not None:
+            raise InputError(f"output {k}: expected a string answer", field="answer", **where)
+        if "provenance" not in out:
+            continue
+        pages = []
+        for prov in out.get("provenance") or []:
+            page = prov.get("wikipedia_id") if isinstance(prov, dict) else None
+            if isinstance(page, bool) or not isinstance(page, str | int):
+                raise InputError(f"output {k}: provenance without wikipedia_id", field="provenance", **where)
+            pages.append(str(page).strip())
+            found.titles.append(prov.get("title") or "")
+            found.provenance.append(prov)
+        found.evidence.append(pages)
+    return found
 
 
-def load_kilt(path: PathLike, *, task: str | None = None, require_answers: bool = True) -> list[Example]:
-    """A KILT task file (any task): `id, input, output [{answer, provenance [{wikipedia_id, title}]}]`.
+def load_kilt(
+    path: PathLike, *, task: str | None = None, require_answers: bool | None = None, **_: Any
+) -> list[Example]:
+    """A KILT task file (any task; JSON lines or parquet): `id, input, output [{answer, provenance
+    [{wikipedia_id, title}]}]`.
 
-    Answers are the non-empty `answer` strings of all outputs (some outputs only carry provenance);
-    `supporting_ids` are the provenance Wikipedia page ids (KILT knowledge-source ids, not passage
-    rows of a chunked corpus) and `supporting_titles` their titles. Test files without outputs need
-    `require_answers=False`.
+    Answers are the non-empty stripped `answer` strings of all outputs (some outputs only carry
+    provenance); `supporting_pages` are the provenance Wikipedia page ids, `supporting_titles` their
+    titles, and `meta["evidence"]` the page ids of each output's provenance (KILT's evidence sets).
+    A test file (no record answered) loads with empty answers; `require_answers=True`
+    refuses it, `False` accepts any record without answers.
     """
     path = Path(path)
-    task = task or kilt_task_from_name(path)
-    ids, examples = UniqueIds(path), []
-    for line_no, r in iter_jsonl(path):
-        where = {"file": str(path), "line": line_no, "record": _record_id(r, "id")}
-        if isinstance(r.get("id"), int):  # some KILT files (e.g. zsRE) use integer-looking ids
-            r["id"] = str(r["id"])
-        check_fields(r, {"id": str, "input": str}, {"output": list}, **_kw(where))
-        ids.add(r["id"], line_no)
-        answers, wiki_ids, titles, provenance = [], [], [], []
-        for k, out in enumerate(r.get("output") or []):
-            if not isinstance(out, dict):
-                raise InputError(f"output {k}: expected an object", field="output", **where)
-            if isinstance(out.get("answer"), str):
-                answers.append(out["answer"])
-            elif out.get("answer") is not None:
-                raise InputError(f"output {k}: expected a string answer", field="answer", **where)
-            for prov in out.get("provenance") or []:
-                if not isinstance(prov, dict) or not isinstance(prov.get("wikipedia_id"), str | int):
-                    raise InputError(
-                        f"output {k}: provenance without wikipedia_id", field="provenance", **where
-                    )
-                wiki_ids.append(str(prov["wikipedia_id"]))
-                titles.append(prov.get("title") or "")
-                provenance.append(prov)
-        answers_t = _dedup(answers)
+    ids, rows = UniqueIds(path), []
+    for row in read_rows(path):
+        r, where = row.record, _where(path, row, "id")
+        if isinstance(r.get("id"), int) and not isinstance(r["id"], bool):
+            r = {**r, "id": str(r["id"])}  # some KILT files (e.g. zsRE) use integer ids
+        check_fields(r, {"id": str, "input": str}, {"output": list, "task": str}, **_kw(where))
+        ids.add(r["id"], row.line)
+        outputs = _kilt_outputs(r, where)
+        answers_t = _dedup(outputs.answers)
         if require_answers and not answers_t:
             raise InputError("no non-empty answer in any output", field="output", **where)
-        examples.append(
-            Example(
-                id=r["id"],
-                query=r["input"],
-                answers=answers_t,
-                task=task,
-                supporting_ids=_dedup(wiki_ids),
-                supporting_titles=_dedup(titles),
-                meta={"provenance": provenance, **({"meta": r["meta"]} if "meta" in r else {})},
-            )
+        meta = {"provenance": outputs.provenance, "evidence": outputs.evidence}
+        example = Example(
+            id=r["id"],
+            query=r["input"],
+            answers=answers_t,
+            task=_task_name(path, task, r.get("task"), kilt=True, where=where),
+            supporting_pages=_dedup(p for pages in outputs.evidence for p in pages),
+            supporting_titles=_dedup(outputs.titles),
+            meta={**meta, **({"meta": r["meta"]} if "meta" in r else {})},
         )
-    return examples
+        rows.append((where, example))
+    return [e for _, e in rows] if require_answers is False else _check_answered(rows, "output")
 
 
-# corag/multihopqa ----------------------------------------------------------------------------------
+# corag/multihopqa (and the hub's corag/kilt splits) -------------------------------------------------
 
 _MULTIHOPQA_REQUIRED = {"query": str, "answers": list, "query_id": str}
-_MULTIHOPQA_OPTIONAL = {"context_doc_ids": list, "subqueries": list, "subanswers": list, "predictions": str}
+_MULTIHOPQA_OPTIONAL = {
+    "context_doc_ids": list,
+    "subqueries": list,
+    "subanswers": list,
+    "predictions": str,
+    "task": str,
+    "task_desc": str,
+}
 
 
-def _multihopqa_example(r: dict[str, Any], where: dict[str, Any], task: str) -> Example:
+def _multihopqa_example(
+    r: dict[str, Any], where: dict[str, Any], path: Path | None, task: str | None
+) -> Example:
     check_fields(r, _MULTIHOPQA_REQUIRED, _MULTIHOPQA_OPTIONAL, **_kw(where))
-    answers = check_str_list(r["answers"], "answers", non_empty=True, **_kw(where))
+    answers = check_str_list(r["answers"], "answers", **_kw(where))
+    if answers and not any(a.strip() for a in answers):
+        raise InputError("must hold at least one non-empty string", field="answers", **where)
     subqueries = check_str_list(r.get("subqueries") or [], "subqueries", **_kw(where))
     subanswers = check_str_list(r.get("subanswers") or [], "subanswers", **_kw(where))
     if len(subqueries) != len(subanswers):
@@ -405,61 +575,51 @@ def _multihopqa_example(r: dict[str, Any], where: dict[str, Any], task: str) -> 
     doc_ids = r.get("context_doc_ids") or []
     if not all(isinstance(d, str | int) and not isinstance(d, bool) for d in doc_ids):
         raise InputError("expected a list of document ids", field="context_doc_ids", **where)
+    meta: dict[str, Any] = {"context_doc_ids": [str(d) for d in doc_ids], "predictions": r.get("predictions")}
+    if r.get("task_desc"):
+        meta["task_desc"] = r["task_desc"]
     return Example(
         id=r["query_id"],
         query=r["query"],
-        answers=_dedup(answers),
-        task=task,
+        answers=_keep_empty(answers),
+        task=_task_name(path, task, r.get("task"), where=where),
         decomposition=tuple(Step(q, a) for q, a in zip(subqueries, subanswers, strict=True)),
-        meta={"context_doc_ids": [str(d) for d in doc_ids], "predictions": r.get("predictions")},
+        meta=meta,
     )
 
 
-def _multihopqa_task(name: str) -> str:
-    for task in ("2wikimultihopqa", "hotpotqa", "musique", "bamboogle"):
-        if task in name.lower():
-            return task
-    return "multihopqa"
-
-
 def load_multihopqa(
-    source: Any, *, task: str | None = None, errors: list[InputError] | None = None
+    source: Any, *, task: str | None = None, errors: list[InputError] | None = None, **_: Any
 ) -> list[Example]:
     """The released `corag/multihopqa` schema (query, answers, query_id, context_doc_ids, subqueries,
-    subanswers, predictions) from a JSONL or parquet file or a `datasets.Dataset`. The chain goes into
-    `decomposition` (no per-step document ids: the release does not store them).
+    subanswers, predictions; also the hub's `corag/kilt` splits) from a JSON-lines or parquet file or
+    a `datasets.Dataset`. The chain goes into `decomposition` (no per-step document ids: the release
+    does not store them); a record's own `task` and `task_desc` are kept. A test split whose records
+    all have empty `answers` loads for prediction.
 
     With an `errors` list, invalid records (duplicate ids included) are skipped and their errors
     appended to it instead of raised."""
+    path: Path | None
     if isinstance(source, str | Path):
         path = Path(source)
-        task = task or _multihopqa_task(path.name)
-        rows: Iterable[tuple[int | None, dict[str, Any]]]
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            rows = ((None, r) for r in pq.read_table(path).to_pylist())
-        else:
-            rows = iter_jsonl(path)
+        rows: Iterable[Row] = read_rows(path)
         file = str(path)
     else:  # a datasets.Dataset (or any iterable of dicts)
-        task = task or "multihopqa"
-        rows = ((None, r) for r in source)
-        file = "<dataset>"
+        path, file = None, "<dataset>"
+        rows = (Row(None, i, r) for i, r in enumerate(source))
     ids, examples = UniqueIds(file), []
-    for i, (line_no, r) in enumerate(rows):
-        rid = _record_id(r, "query_id")
-        where = {"file": file, "line": line_no, "record": rid if rid is not None else f"#{i}"}
+    for row in rows:
+        where = _where(file, row, "query_id")
         try:
-            example = _multihopqa_example(r, where, task)
-            ids.add(example.id, line_no, field="query_id")
+            example = _multihopqa_example(row.record, where, path, task)
+            ids.add(example.id, row.line, field="query_id")
         except InputError as error:
             if errors is None:
                 raise
             errors.append(error)
             continue
-        examples.append(example)
-    return examples
+        examples.append((where, example))
+    return _check_answered(examples, "answers")
 
 
 # The project's plain JSONL -------------------------------------------------------------------------
@@ -479,20 +639,20 @@ def _plain_steps(value: Any, where: dict[str, Any]) -> tuple[Step, ...]:
 
 
 def load_jsonl(
-    path: PathLike, *, task: str | None = None, errors: list[InputError] | None = None
+    path: PathLike, *, task: str | None = None, errors: list[InputError] | None = None, **_: Any
 ) -> list[Example]:
     """The project's own question JSONL: `id, query, answers` required; `task, supporting_ids,
-    supporting_titles, decomposition [{subquery, subanswer, doc_ids}], meta` optional.
+    supporting_pages, supporting_titles, decomposition [{subquery, subanswer, doc_ids}], meta` optional.
 
     With an `errors` list, invalid records (duplicate ids included) are skipped and their errors
     appended to it instead of raised."""
     path = Path(path)
     ids, examples = UniqueIds(path), []
-    for line_no, r in iter_jsonl(path):
-        where = {"file": str(path), "line": line_no, "record": _record_id(r, "id")}
+    for row in read_rows(path):
+        where = _where(path, row, "id")
         try:
-            example = _plain_example(r, where, task)
-            ids.add(example.id, line_no)
+            example = _plain_example(row.record, where, path, task)
+            ids.add(example.id, row.line)
         except InputError as error:
             if errors is None:
                 raise
@@ -502,24 +662,28 @@ def load_jsonl(
     return examples
 
 
-def _plain_example(r: dict[str, Any], where: dict[str, Any], task: str | None) -> Example:
+def _plain_example(r: dict[str, Any], where: dict[str, Any], path: Path, task: str | None) -> Example:
     optional = {
         "task": str,
         "supporting_ids": list,
+        "supporting_pages": list,
         "supporting_titles": list,
         "decomposition": list,
         "meta": dict,
     }
     check_fields(r, {"id": str, "query": str, "answers": list}, optional, **_kw(where))
+    lists = {
+        name: check_str_list(r.get(name) or [], name, **_kw(where))
+        for name in ("supporting_ids", "supporting_pages", "supporting_titles")
+    }
     return Example(
         id=r["id"],
         query=r["query"],
         answers=check_str_list(r["answers"], "answers", non_empty=True, **_kw(where)),
-        task=task or r.get("task") or "multihopqa",
-        supporting_ids=check_str_list(r.get("supporting_ids") or [], "supporting_ids", **_kw(where)),
-        supporting_titles=check_str_list(r.get("supporting_titles") or [], "supporting_titles", **_kw(where)),
+        task=_task_name(path, task, r.get("task"), where=where),
         decomposition=_plain_steps(r.get("decomposition") or [], where),
         meta=r.get("meta") or {},
+        **lists,
     )
 
 
@@ -531,6 +695,7 @@ def example_to_record(example: Example) -> dict[str, Any]:
         "answers": list(example.answers),
         "task": example.task,
         "supporting_ids": list(example.supporting_ids),
+        "supporting_pages": list(example.supporting_pages),
         "supporting_titles": list(example.supporting_titles),
         "decomposition": [
             {"subquery": s.subquery, "subanswer": s.subanswer, "doc_ids": list(s.doc_ids)}
@@ -553,56 +718,62 @@ LOADERS: dict[str, Callable[..., list[Example]]] = {
 }
 
 
-def _first_record_keys(path: Path) -> set[str]:
-    for _, record in iter_jsonl(path):
-        return set(record)
-    return set()
+def _first_keys(path: Path) -> set[str]:
+    """The keys of a file's first record (the column names of a parquet file)."""
+    if path.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        return set(pq.read_schema(path).names)
+    first = next(read_rows(path), None)
+    return set(first.record) if first else set()
+
+
+def format_of_keys(keys: set[str]) -> str | None:
+    """The format whose records have these keys, or None."""
+    if {"query_id", "query", "answers"} <= keys:
+        return "multihopqa"
+    if {"id", "query", "answers"} <= keys:
+        return "jsonl"
+    if {"id", "input"} <= keys:
+        return "kilt"
+    if {"id", "question", "answer"} <= keys:
+        return "musique"
+    if {"_id", "question", "answer"} <= keys:
+        wiki2 = {"evidences", "answer_id", "entity_ids", "evidences_id"}
+        return "2wiki" if keys & wiki2 else "hotpotqa"
+    return None
 
 
 def detect_format(path: PathLike) -> str:
-    """Guess the format from the file name and suffix (and, for a generic `.jsonl`, the keys of its
-    first record). InputError when it cannot tell: pass `fmt` then."""
-    path = Path(path)
-    name, suffix = path.name.lower(), path.suffix.lower()
-    if suffix == ".csv":
+    """The format of a question file, told by the keys of its first record (Bamboogle, a CSV without a
+    header, by its suffix). InputError when no format has those keys: pass `fmt` then."""
+    path = input_file(path)
+    if path.suffix.lower() == ".csv":
         return "bamboogle"
-    if suffix == ".parquet":
-        return "multihopqa"
-    if suffix == ".jsonl" and "kilt" in name:
-        return "kilt"
-    if suffix == ".jsonl" and "musique" in name:
-        return "musique"
-    if suffix == ".json" and "hotpot" in name:
-        return "hotpotqa"
-    if suffix == ".json" and ("2wiki" in name or "wikimultihop" in name):
-        return "2wiki"
-    if suffix == ".jsonl":
-        keys = _first_record_keys(path)
-        if {"query_id", "query", "answers"} <= keys:
-            return "multihopqa"
-        if {"id", "query", "answers"} <= keys:
-            return "jsonl"
-        if {"id", "input", "output"} <= keys:
-            return "kilt"
-        if {"id", "question", "paragraphs"} <= keys:
-            return "musique"
-    raise InputError(
-        f"cannot tell the format from the name; pass fmt= one of {sorted(LOADERS)}", file=str(path)
-    )
+    keys = _first_keys(path)
+    if not keys:
+        raise InputError("no records in the file", file=str(path))
+    fmt = format_of_keys(keys)
+    if fmt is None:
+        raise InputError(
+            f"no known format has the keys {sorted(keys)[:8]} of the first record; pass fmt= (--fmt) one "
+            f"of {sorted(LOADERS)}",
+            file=str(path),
+        )
+    return fmt
 
 
 def load_examples(source: Any, fmt: str | None = None, **kwargs: Any) -> list[Example]:
     """Load questions from `source` (a path, or a `datasets.Dataset` for "multihopqa") in format
     `fmt` ("jsonl", "hotpotqa", "2wiki", "musique", "bamboogle", "kilt", "multihopqa"), detected from
-    the file name when not given. Extra keyword arguments go to that format's loader."""
+    the keys of its records when not given. Keyword arguments go to the loaders (`task` to every one,
+    `aliases` to 2Wiki's, `errors` to jsonl's and multihopqa's). A file without questions is an error."""
     if not isinstance(source, str | Path):
         fmt = fmt or "multihopqa"
         if fmt != "multihopqa":
             raise InputError(f"only the multihopqa format loads from a dataset object, not {fmt!r}")
         return load_multihopqa(source, **kwargs)
-    path = Path(source)
-    if not path.is_file():
-        raise InputError("no such file", file=str(path))
+    path = input_file(source)
     fmt = fmt or detect_format(path)
     if fmt not in LOADERS:
         raise InputError(f"unknown format {fmt!r}; choose one of {sorted(LOADERS)}", file=str(path))
@@ -610,4 +781,9 @@ def load_examples(source: Any, fmt: str | None = None, **kwargs: Any) -> list[Ex
         raise InputError(
             f"skipping invalid records works for jsonl and multihopqa, not {fmt!r}", file=str(path)
         )
-    return LOADERS[fmt](path, **kwargs)
+    if kwargs.get("aliases") and fmt != "2wiki":
+        raise InputError(f"an alias file is for 2WikiMultihopQA questions, not {fmt!r}", file=str(path))
+    examples = LOADERS[fmt](path, **kwargs)
+    if not examples and not kwargs.get("errors"):
+        raise InputError("no questions in the file", file=str(path))
+    return examples

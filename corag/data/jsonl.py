@@ -32,13 +32,49 @@ def _parse_line(text: str | bytes, path: Path, line_no: int) -> dict[str, Any]:
     return record
 
 
+def input_file(source: str | Path) -> Path:
+    """`source` as a Path to an existing, non-empty file, or an InputError saying what it is instead."""
+    path = Path(source)
+    if path.is_dir():
+        raise InputError("is a folder, not a file", file=str(path))
+    if not path.is_file():
+        raise InputError("no such file", file=str(path))
+    if path.stat().st_size == 0:
+        raise InputError("empty file: no records", file=str(path))
+    return path
+
+
+def decode_line(raw: bytes, path: Path, line_no: int) -> str:
+    """One line of a UTF-8 file as text, or an InputError naming the line and the byte's column."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})",
+            file=str(path),
+            line=line_no,
+        ) from None
+
+
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (1-based line number, record) for every non-blank line; a malformed line is an InputError."""
+    """Yield (1-based line number, record) for every non-blank line; a malformed line, or one that is
+    not UTF-8, is an InputError (a last line without its newline is named as a file cut short)."""
     path = Path(path)
-    with path.open("r", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if line.strip():
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            line = decode_line(raw, path, line_no)
+            if not line.strip():
+                continue
+            try:
                 yield line_no, _parse_line(line, path, line_no)
+            except InputError as error:
+                if raw.endswith(b"\n") or "malformed JSON" not in str(error):
+                    raise
+                raise InputError(
+                    f"{error.message}; the last line has no newline: the file looks cut short",
+                    file=str(path),
+                    line=line_no,
+                ) from None
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ async def best_of_n(
     stop_bias: float | None = None,
     task_desc: str | None = None,
     docs: int = FINAL_NUM_DOCS,
+    final_docs: str = "auto",
 ) -> DecodeResult:
     """Sample N chains concurrently, score each with the penalty, answer from the argmin chain.
 
@@ -30,7 +31,7 @@ async def best_of_n(
     check_max_steps(max_steps)
     if n < 1:
         raise InputError(f"the number of chains N must be 1 or more, got {n}", field="n")
-    question = await open_question(ctx, example, corpus, task_desc, docs)
+    question = await open_question(ctx, example, corpus, task_desc, docs, final_docs)
     chains = await ctx.gather(
         *(
             sample_chain(

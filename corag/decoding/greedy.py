@@ -85,9 +85,10 @@ async def greedy(
     stop_bias: float | None = None,
     task_desc: str | None = None,
     docs: int = FINAL_NUM_DOCS,
+    final_docs: str = "auto",
 ) -> DecodeResult:
     """One greedy chain of up to L steps (L = 0 answers from the documents alone), then the answer."""
     check_max_steps(max_steps)
-    question = await open_question(ctx, example, corpus, task_desc, docs)
+    question = await open_question(ctx, example, corpus, task_desc, docs, final_docs)
     steps = await sample_chain(ctx, question, max_steps=max_steps, temperature=0.0, stop_bias=stop_bias)
     return await finish(ctx, question, example, "greedy", steps)

@@ -17,10 +17,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from corag.chain import FINAL_DOCS, check_dataset_docs
 from corag.decoding import STRATEGIES, get_strategy
 from corag.errors import InputError
 from corag.executor import Executor
-from corag.prompts import task_description
+from corag.tasks import get_task
 from corag.types import Example
 
 
@@ -43,11 +44,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stop-bias", type=float, default=None, help="learned stop with this logit bias on Yes")
     p.add_argument("--budget", type=int, default=None, help="token budget per question")
     p.add_argument(
-        "--task", default=None, help="task name for the task description (default: each question's)"
+        "--final-docs",
+        default="auto",
+        choices=FINAL_DOCS,
+        help="final answer's documents: the data's context_doc_ids when it has them (auto, as the official "
+        "inference), always them (dataset), or a search of the question (retrieve)",
     )
+    p.add_argument(
+        "--task",
+        default=None,
+        help="task of the questions (nq, kilt_hotpotqa, ...; default: the records' own, else the name's)",
+    )
+    p.add_argument("--aliases", default=None, help="2WikiMultihopQA id_aliases.json (aliases and demonyms)")
     p.add_argument("--max-active", type=int, default=256, help="questions decoded at once")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument("--out", required=True, help="predictions JSONL (appended; re-runs resume)")
+    p.add_argument(
+        "--official-files",
+        action="store_true",
+        help="also write the official inference's preds_{strategy}_{task}_{split}.jsonl and metrics file",
+    )
+    p.add_argument(
+        "--split", default=None, help="split name for the official files (default: from the file name)"
+    )
     return p.parse_args(argv)
 
 
@@ -63,19 +82,23 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.max_active < 1:
         raise InputError(f"must be 1 or more, got {args.max_active}", field="--max-active")
     if args.task is not None:
-        try:
-            task_description(args.task)
-        except ValueError as exc:
-            raise InputError(str(exc), field="--task") from None
+        get_task(args.task, field="--task")
 
 
 def strategy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"max_steps": args.max_steps, "stop_bias": args.stop_bias}
+    kwargs: dict[str, Any] = {
+        "max_steps": args.max_steps,
+        "stop_bias": args.stop_bias,
+        "final_docs": args.final_docs,
+    }
     if args.strategy == "best_of_n":
         kwargs["n"] = args.n
-    if args.task is not None:
-        kwargs["task_desc"] = task_description(args.task)
     return kwargs
+
+
+def question_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What `load_examples` takes from the command line: the task, and 2Wiki's alias file."""
+    return {"task": args.task, **({"aliases": args.aliases} if args.aliases else {})}
 
 
 def done_ids(out: Path) -> set[str]:
@@ -118,16 +141,20 @@ def main(argv: list[str] | None = None) -> int:
     from corag.lm import load_lm
     from corag.retrieval import load_retriever
 
-    examples = load_examples(args.data, args.format)[: args.limit]
+    examples = load_examples(args.data, args.format, **question_options(args))[: args.limit]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     todo = pending_examples(examples, done_ids(out), args.data)
     print(f"{len(examples) - len(todo)} of {len(examples)} questions already in {out}; {len(todo)} to go")
     if not todo:
-        return 0
+        return write_official(args, examples, out)
+    corpus = Corpus.load(args.corpus)
+    given = check_dataset_docs(todo, corpus, args.final_docs)
+    print(
+        f"final-answer documents: the data's context_doc_ids for {given} question(s), searched for the rest"
+    )
     lm_kwargs = {"device": args.device} if args.backend == "hf" and args.device else {}
     lm = load_lm(args.model, backend=args.backend, **lm_kwargs)
-    corpus = Corpus.load(args.corpus)
     retriever = load_retriever(args.index or args.retriever_url)
     strategy, kwargs = get_strategy(args.strategy), strategy_kwargs(args)
     executor = Executor(lm, retriever, max_active=args.max_active)
@@ -142,4 +169,19 @@ def main(argv: list[str] | None = None) -> int:
             bar.update()
             bar.set_postfix(tokens_per_q=tokens // bar.n)
     print(f"wrote {len(todo)} predictions to {out} (mean {tokens / len(todo):.0f} tokens per question)")
+    return write_official(args, examples, out)
+
+
+def write_official(args: argparse.Namespace, examples: Sequence[Example], out: Path) -> int:
+    """With --official-files, the official inference's files for everything in `out`, beside it."""
+    if not args.official_files:
+        return 0
+    from corag.evaluation import Run, read_predictions, write_official_files
+    from corag.tasks import split_from_path
+
+    run = Run(args.strategy, (("max_steps", args.max_steps),))
+    records = read_predictions(out, examples, require_all=True)
+    split = args.split or split_from_path(args.data) or "validation"
+    paths = write_official_files(out.parent, run, examples, records, split)
+    print(f"official files: {', '.join(str(p) for p in paths)}")
     return 0

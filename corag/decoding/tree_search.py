@@ -69,10 +69,11 @@ async def tree_search(
     stop_bias: float | None = None,
     task_desc: str | None = None,
     docs: int = FINAL_NUM_DOCS,
+    final_docs: str = "auto",
 ) -> DecodeResult:
     """L steps, each chosen among up to 4 distinct sampled sub-queries by the mean penalty of rollouts."""
     check_max_steps(max_steps)
-    question = await open_question(ctx, example, corpus, task_desc, docs)
+    question = await open_question(ctx, example, corpus, task_desc, docs, final_docs)
     steps: tuple[Step, ...] = ()
     tree: list[list[dict[str, object]]] = []  # per step: each candidate and its score
     try:

@@ -34,7 +34,8 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class Completion:
-    """The `n` sampled texts of one request and the tokens it cost (prompt counted once per sample)."""
+    """The `n` sampled texts of one request and the tokens it cost: the prompt once (the engine fills
+    it once for all `n` samples, as the CoRAG release counts it) plus the generated tokens of every sample."""
 
     texts: tuple[str, ...]
     usage: Usage

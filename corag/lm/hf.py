@@ -143,13 +143,12 @@ class HFLM(CountingLM):
             texts[seq.request].extend([seq.text] * seq.copies)
             generated[seq.request] += len(seq.ids) * seq.copies
         return [
-            Completion(tuple(t), Usage(r.n * p, g, 1))
-            for r, p, t, g in zip(requests, prompts, texts, generated, strict=True)
+            Completion(tuple(t), Usage(p, g, 1)) for p, t, g in zip(prompts, texts, generated, strict=True)
         ]
 
     def _expand(self, requests: Sequence[GenerationRequest]) -> tuple[list[_Seq], list[int]]:
         """One sequence per sample, each sampled one with its own seeded generator; the `n` samples of
-        a greedy request are one sequence (charged `n` times, as if decoded `n` times)."""
+        a greedy request are one sequence (its generated tokens charged `n` times, as if decoded `n` times)."""
         seqs, prompts = [], []
         for r, request in enumerate(requests):
             prompt = self.renderer.prompt_ids(request.messages)

@@ -84,7 +84,7 @@ class VLLMLM(CountingLM):
             texts = tuple(completion_text(self.tokenizer, x, self.end_ids, request.stop) for x in ids)
             texts = texts if i in samples else ("",) * request.n  # no room left after the prompt
             generated = sum(len(x) for x in ids)
-            completions.append(Completion(texts, Usage(request.n * len(prompts[i]), generated, 1)))
+            completions.append(Completion(texts, Usage(len(prompts[i]), generated, 1)))
         return completions
 
     def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:

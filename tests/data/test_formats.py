@@ -14,7 +14,6 @@ from corag.data.formats import (
     LOADERS,
     detect_format,
     example_to_record,
-    kilt_task_from_name,
     load_examples,
     load_jsonl,
 )
@@ -171,25 +170,21 @@ def test_bamboogle(shared_data, loaded):
 
 def test_kilt(shared_data, loaded):
     examples = loaded[KILT]
-    assert len(examples) == 1000 and {e.task for e in examples} == {"hotpotqa"}
+    assert len(examples) == 1000 and {e.task for e in examples} == {"kilt_hotpotqa"}
     ex = examples[0]
     assert (ex.id, ex.answers) == ("5a8b57f25542995d1e6f1371", ("yes",))
-    assert ex.supporting_ids == ("2816539", "10520") and ex.supporting_titles == (
-        "Scott Derrickson",
-        "Ed Wood",
-    )
+    # Wikipedia page ids are pages, not passages: they never become supporting_ids
+    assert ex.supporting_pages == ("2816539", "10520") and ex.supporting_ids == ()
+    assert ex.supporting_titles == ("Scott Derrickson", "Ed Wood")
     last = by_id(examples)["5ade664555429939a52fe89c"]
-    assert last.answers == ("Miami Gardens, Florida,",) and last.supporting_ids == ("4322179", "362322")
+    assert last.answers == ("Miami Gardens, Florida,",) and last.supporting_pages == ("4322179", "362322")
     assert last.meta["provenance"][0]["section"]
-    assert load_examples(shared_data / KILT, task="multihop")[0].task == "multihop"
+    # a KILT file names tasks in KILT's namespace: its hotpotqa is KILT's HotpotQA
+    assert load_examples(shared_data / KILT, task="hotpotqa")[0].task == "kilt_hotpotqa"
+    assert load_examples(shared_data / KILT, task="nq")[0].task == "nq"
 
 
-def test_kilt_tasks_from_names_and_provenance_only_outputs(tmp_path):
-    assert kilt_task_from_name("structured_zeroshot-dev-kilt.jsonl") == "structured_zeroshot"
-    assert kilt_task_from_name("/x/triviaqa-dev_id-kilt.jsonl") == "triviaqa"
-    assert kilt_task_from_name("nq-test_without_answers-kilt.jsonl") == "nq"
-    with pytest.raises(InputError, match="task="):
-        kilt_task_from_name("my_questions.jsonl")
+def test_kilt_provenance_only_outputs_and_test_files(tmp_path):
     path = tmp_path / "fever-dev-kilt.jsonl"
     write_jsonl(
         path,
@@ -206,15 +201,23 @@ def test_kilt_tasks_from_names_and_provenance_only_outputs(tmp_path):
         ],
     )
     (ex,) = load_examples(path)
-    assert (ex.id, ex.task, ex.answers, ex.supporting_ids) == ("3", "fever", ("SUPPORTS",), ("7570", "11"))
+    assert (ex.id, ex.task, ex.answers, ex.supporting_pages) == ("3", "fever", ("SUPPORTS",), ("7570", "11"))
 
-    write_jsonl(path, [{"id": "q", "input": "x", "output": [{"provenance": []}]}])
+    write_jsonl(
+        path,
+        [
+            {"id": "p", "input": "x", "output": [{"answer": "SUPPORTS"}]},
+            {"id": "q", "input": "y", "output": [{"provenance": []}]},
+        ],
+    )
     with pytest.raises(InputError, match="no non-empty answer") as err:
         load_examples(path)
-    assert (err.value.line, err.value.record, err.value.field) == (1, "q", "output")
+    assert (err.value.line, err.value.record, err.value.field) == (2, "q", "output")
     write_jsonl(tmp_path / "nq-test_without_answers-kilt.jsonl", [{"id": "q", "input": "who?"}])
-    (test_q,) = load_examples(tmp_path / "nq-test_without_answers-kilt.jsonl", require_answers=False)
+    (test_q,) = load_examples(tmp_path / "nq-test_without_answers-kilt.jsonl")
     assert test_q.answers == () and test_q.task == "nq"
+    with pytest.raises(InputError, match="no non-empty answer"):
+        load_examples(tmp_path / "nq-test_without_answers-kilt.jsonl", require_answers=True)
 
 
 MULTIHOPQA_ROWS = [
@@ -294,7 +297,7 @@ GOOD = '{"id": "q1", "query": "Who?", "answers": ["Ann"]}'
 def test_plain_jsonl_bad_records_name_file_line_id_and_field(tmp_path, line, message, field):
     path = _write_lines(tmp_path / "questions.jsonl", [GOOD, "", line])
     with pytest.raises(InputError, match=message) as err:
-        load_jsonl(path)
+        load_jsonl(path, task="multihopqa")
     e = err.value
     assert (e.file, e.line, e.field) == (str(path), 3, field)
     assert e.record in ("q1", "q2")
@@ -304,7 +307,7 @@ def test_plain_jsonl_bad_records_name_file_line_id_and_field(tmp_path, line, mes
 def test_malformed_line_in_a_question_file(tmp_path):
     path = _write_lines(tmp_path / "questions.jsonl", [GOOD, '{"id": "q2", "query": "Who?"'])
     with pytest.raises(InputError, match="malformed JSON") as err:
-        load_examples(path, fmt="jsonl")
+        load_examples(path, fmt="jsonl", task="multihopqa")
     assert err.value.line == 2 and err.value.file == str(path)
 
 
@@ -339,8 +342,10 @@ def test_bad_records_in_real_formats(tmp_path, shared_data):
 
 def test_format_choice(tmp_path, shared_data):
     assert set(LOADERS) == {"jsonl", "hotpotqa", "2wiki", "musique", "bamboogle", "kilt", "multihopqa"}
-    with pytest.raises(InputError, match="pass fmt"):
+    with pytest.raises(InputError, match="no records"):
         detect_format(_write_lines(tmp_path / "data.json", ["[]"]))
+    with pytest.raises(InputError, match="pass fmt"):
+        detect_format(_write_lines(tmp_path / "data.json", ['[{"q": "x"}]']))
     with pytest.raises(InputError, match="unknown format"):
         load_examples(shared_data / HOTPOT, fmt="squad")
     with pytest.raises(InputError, match="no such file"):
@@ -349,3 +354,194 @@ def test_format_choice(tmp_path, shared_data):
     with pytest.raises(InputError, match="missing required field") as err:
         load_examples(shared_data / KILT, fmt="jsonl")
     assert (err.value.line, err.value.field) == (1, "query")
+
+
+# Real variants of the published files, each told by its keys ----------------------------------------
+
+
+def _as_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_hotpotqa_and_2wiki_as_json_lines_load_as_the_arrays_do(shared_data, loaded, tmp_path):
+    for name, fmt in ((HOTPOT, "hotpotqa"), (TWOWIKI, "2wiki")):
+        records = json.loads((shared_data / name).read_text(encoding="utf-8"))
+        copy = _as_jsonl(tmp_path / f"{fmt}_copy.jsonl", records)
+        assert detect_format(copy) == fmt
+        assert load_examples(copy) == loaded[name]
+
+
+def test_musique_as_a_json_array_and_without_paragraphs(shared_data, loaded, tmp_path):
+    records = [json.loads(line) for line in (shared_data / MUSIQUE).read_text(encoding="utf-8").splitlines()]
+    array = tmp_path / "musique_dev.json"
+    array.write_text(json.dumps(records), encoding="utf-8")
+    assert detect_format(array) == "musique" and load_examples(array) == loaded[MUSIQUE]
+    questions_only = _as_jsonl(
+        tmp_path / "open_domain.jsonl",
+        [{k: r[k] for k in ("id", "question", "answer", "answer_aliases", "answerable")} for r in records],
+    )
+    examples = load_examples(questions_only)
+    assert [(e.id, e.query, e.answers, e.task) for e in examples] == [
+        (e.id, e.query, e.answers, "musique") for e in loaded[MUSIQUE]
+    ]
+    assert all("paragraphs" not in e.meta and e.supporting_titles == () for e in examples)
+
+
+def test_the_format_comes_from_the_keys_not_the_name(shared_data, tmp_path):
+    misleading = tmp_path / "musique_hotpot_kilt.json"  # every name in it is wrong
+    misleading.write_bytes((shared_data / TWOWIKI).read_bytes())
+    assert detect_format(misleading) == "2wiki"
+    kilt_copy = tmp_path / "hotpot_dev_distractor.jsonl"
+    kilt_copy.write_bytes((shared_data / KILT).read_bytes())
+    assert detect_format(kilt_copy) == "kilt"
+    # read as KILT by its keys; its name still says the task (HotpotQA, in KILT's namespace)
+    assert {e.task for e in load_examples(kilt_copy)} == {"kilt_hotpotqa"}
+
+
+def test_2wiki_aliases_with_demonyms_and_an_empty_alias(shared_data, tmp_path):
+    """The official script's gold set: {answer} | aliases | demonyms, an empty alias kept."""
+    records = json.loads((shared_data / TWOWIKI).read_text(encoding="utf-8"))
+    montreal = next(r for r in records if r["answer"] == "Montreal, Quebec")
+    aliases = _as_jsonl(
+        tmp_path / "id_aliases.json",
+        [{"Q_id": montreal["answer_id"], "aliases": ["Montréal", ""], "demonyms": ["Montrealer"]}],
+    )
+    (ex,) = [e for e in load_examples(shared_data / TWOWIKI, aliases=aliases) if e.id == montreal["_id"]]
+    assert ex.answers == ("Montreal, Quebec", "Montréal", "", "Montrealer")
+
+
+# Bad input: one clear error naming the file, the line (or byte offset) and the field -----------------
+
+
+def test_non_utf8_bytes_are_named_by_line_or_byte_offset(shared_data, tmp_path):
+    lines = (shared_data / KILT).read_bytes().splitlines(keepends=True)[:3]
+    bad = tmp_path / "hotpotqa-dev-kilt.jsonl"
+    bad.write_bytes(lines[0] + lines[1].replace(b'"input": "', b'"input": "\xf6', 1) + lines[2])
+    with pytest.raises(InputError, match=r"not UTF-8 text \(byte 0xf6 at column \d+\)") as err:
+        load_examples(bad)
+    assert (err.value.file, err.value.line) == (str(bad), 2)
+
+    hotpot = json.loads((shared_data / HOTPOT).read_text(encoding="utf-8"))[:2]
+    one_line = json.dumps(hotpot, ensure_ascii=False).encode()
+    at = one_line.index(b"Derrickson")
+    (tmp_path / "h.json").write_bytes(one_line[:at] + b"\xff" + one_line[at + 1 :])
+    with pytest.raises(InputError, match=f"byte 0xff at byte offset {at}"):
+        load_examples(tmp_path / "h.json")
+    pretty = json.dumps(hotpot, indent=1, ensure_ascii=False).encode()
+    line = pretty[: pretty.index(b"Derrickson")].count(b"\n") + 1
+    (tmp_path / "h.json").write_bytes(pretty.replace(b"Derrickson", b"D\xffrrickson", 1))
+    with pytest.raises(InputError, match=f"on line {line}") as err:
+        load_examples(tmp_path / "h.json")
+    assert err.value.line == line
+    bamboogle = (shared_data / BAMBOOGLE).read_bytes().replace(b"james madison", b"james m\xe4dison")
+    (tmp_path / "b.csv").write_bytes(bamboogle)
+    with pytest.raises(InputError, match="not UTF-8 text .* on line 1"):
+        load_examples(tmp_path / "b.csv")
+
+
+def test_empty_files_folders_and_files_without_questions(tmp_path):
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    with pytest.raises(InputError, match="empty file: no records"):
+        load_examples(tmp_path / "empty.jsonl")
+    (tmp_path / "blank.jsonl").write_text("\n  \n")
+    with pytest.raises(InputError, match="no records in the file"):
+        load_examples(tmp_path / "blank.jsonl")
+    with pytest.raises(InputError, match="no questions in the file"):
+        load_examples(tmp_path / "blank.jsonl", fmt="kilt", task="nq")
+    (tmp_path / "none.json").write_text("[]")
+    with pytest.raises(InputError, match="no questions in the file"):
+        load_examples(tmp_path / "none.json", fmt="hotpotqa")
+    with pytest.raises(InputError, match="is a folder, not a file") as err:
+        load_examples(tmp_path)
+    assert err.value.file == str(tmp_path)
+    row = {"id": "b", "question": "q?", "answer": "B", "answer_aliases": [], "answerable": False}
+    _as_jsonl(tmp_path / "full.jsonl", [row])
+    with pytest.raises(InputError, match="no questions in the file"):
+        load_examples(tmp_path / "full.jsonl")  # every record unanswerable, so skipped
+
+
+def test_truncated_files_are_errors_not_shorter_records(shared_data, tmp_path):
+    kilt = (shared_data / KILT).read_text(encoding="utf-8").splitlines(keepends=True)[:3]
+    cut = tmp_path / "hotpotqa-dev-kilt.jsonl"
+    cut.write_text("".join(kilt[:2]) + kilt[2][:200], encoding="utf-8")
+    with pytest.raises(InputError, match="no newline: the file looks cut short") as err:
+        load_examples(cut)
+    assert err.value.line == 3
+
+    one_line = json.dumps(json.loads((shared_data / HOTPOT).read_text(encoding="utf-8"))[:2])
+    (tmp_path / "h.json").write_text(one_line[:-300])
+    with pytest.raises(
+        InputError, match=r"at byte offset \d+\); the array is never closed: the file looks cut short"
+    ):
+        load_examples(tmp_path / "h.json", fmt="hotpotqa")
+
+    text = (shared_data / BAMBOOGLE).read_text(encoding="utf-8")
+    inside_answer = text.index("Titan IIIE") + len("Titan I")
+    (tmp_path / "b.csv").write_text(
+        text[:inside_answer], encoding="utf-8"
+    )  # the second row, cut in its answer
+    with pytest.raises(InputError, match="5 columns where the first row has 7") as err:
+        load_examples(tmp_path / "b.csv")
+    assert (err.value.record, err.value.field) == ("bamboogle-1", "column 4")
+    inside_quotes = text.index('"April 30') + 5
+    (tmp_path / "b.csv").write_text(text[:inside_quotes], encoding="utf-8")
+    with pytest.raises(InputError, match="malformed CSV .* cut short"):
+        load_examples(tmp_path / "b.csv")
+    after_answer = text.index("Titan IIIE") + len("Titan IIIE,")
+    (tmp_path / "b.csv").write_text(text[:after_answer], encoding="utf-8")  # a whole answer, columns missing
+    with pytest.raises(
+        InputError, match="6 columns where the first row has 7: the file looks cut short"
+    ) as err:
+        load_examples(tmp_path / "b.csv")
+    assert (err.value.record, err.value.line) == ("bamboogle-1", 2)
+
+
+def test_tasks_come_from_the_command_the_records_or_the_name(tmp_path):
+    rows = [{"query": "Who?", "answers": ["Ann"], "query_id": "a", "context_doc_ids": ["3"]}]
+    write_jsonl(tmp_path / "rows.jsonl", rows)
+    with pytest.raises(InputError, match="pass --task") as err:
+        load_examples(tmp_path / "rows.jsonl")
+    assert (err.value.line, err.value.record, err.value.field) == (1, "a", "task")
+    assert load_examples(tmp_path / "rows.jsonl", task="triviaqa")[0].task == "triviaqa"
+    write_jsonl(tmp_path / "rows.jsonl", [{**rows[0], "task": "fever", "task_desc": "check the claim"}])
+    (ex,) = load_examples(tmp_path / "rows.jsonl")
+    assert ex.task == "fever" and ex.meta["task_desc"] == "check the claim"
+    assert load_examples(tmp_path / "rows.jsonl", task="nq")[0].task == "nq"  # --task wins
+    with pytest.raises(InputError, match="unknown task 'squad'") as err:
+        load_examples(tmp_path / "rows.jsonl", task="squad")
+    assert err.value.field == "--task"
+    write_jsonl(tmp_path / "rows.jsonl", [{**rows[0], "task": "quiz"}])
+    with pytest.raises(InputError, match="unknown task 'quiz'") as err:
+        load_examples(tmp_path / "rows.jsonl")
+    assert (err.value.line, err.value.record) == (1, "a")
+
+
+def test_a_hub_split_gets_its_task_from_its_folders_or_the_data(tmp_path):
+    """corag/kilt's parquet splits are all called validation-00000-of-00001.parquet."""
+    rows = [
+        {
+            "query": "who sings love story?",
+            "answers": ["Taylor Swift"],
+            "query_id": "n1",
+            "context_doc_ids": [7],
+        },
+        {"query": "who wrote dune?", "answers": ["Frank Herbert"], "query_id": "n2", "context_doc_ids": [9]},
+    ]
+    hub = tmp_path / "datasets--corag--kilt" / "snapshots" / "abc123"
+    for config in ("nq", "hotpotqa", "fever"):
+        (hub / config).mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows), hub / config / "validation-00000-of-00001.parquet")
+    assert load_examples(hub / "nq" / "validation-00000-of-00001.parquet")[0].task == "nq"
+    assert load_examples(hub / "hotpotqa" / "validation-00000-of-00001.parquet")[0].task == "kilt_hotpotqa"
+    lone = tmp_path / "validation-00000-of-00001.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), lone)
+    with pytest.raises(InputError, match="pass --task"):
+        load_examples(lone)
+    assert {e.task for e in load_examples(lone, task="fever")} == {"fever"}
+    pq.write_table(pa.Table.from_pylist([{**r, "task": "triviaqa"} for r in rows]), lone)
+    assert {e.task for e in load_examples(lone)} == {"triviaqa"}
+    test_split = tmp_path / "nq" / "test-00000-of-00001.parquet"
+    test_split.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist([{**r, "answers": []} for r in rows]), test_split)
+    assert [e.answers for e in load_examples(test_split, task="nq")] == [(), ()]

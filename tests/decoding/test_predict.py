@@ -65,6 +65,14 @@ def test_predict_writes_records_and_resumes_without_loss_or_duplicates(
             "penalties": None,
         }  # same predictions as the uninterrupted run
     assert main(argv) == 0 and read(out) == resumed  # nothing left to do
+    assert main([*argv, "--official-files"]) == 0  # the official files, beside ours
+    preds = read(out.parent / "preds_best_of_n_multihopqa_test.jsonl")
+    assert {p["query_id"]: p["prediction"] for p in preds} == {
+        r["query_id"]: r["predictions"] for r in resumed
+    }
+    official = json.loads((out.parent / "metrics_multihopqa_test_best_of_n.json").read_text())
+    assert official["token_consumed"] == sum(r["usage"]["total_tokens"] for r in resumed)
+    assert (official["num_samples"], official["max_path_length"], official["eval_split"]) == (4, 1, "test")
 
 
 @pytest.mark.parametrize(

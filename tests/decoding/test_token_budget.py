@@ -59,12 +59,12 @@ def test_budgets_hold_and_metering_matches_the_tokenizer(
             assert budget is not None and budget < bare and result.usage.total == 0
     finals = [r for r, _ in lm.generated if r.messages[-1]["content"].startswith(FINAL_CALL)]
     assert len(finals) == sum("final_skipped" not in r.extras for r in results)  # the reserve kept room
-    prompt = sum(r.n * recount_prompt(tokenizer, r) for r, _ in lm.generated)
+    prompt = sum(recount_prompt(tokenizer, r) for r, _ in lm.generated)  # once per call, n samples or not
     prompt += sum(recount_scored(tokenizer, r) for r, _ in lm.scored)
     generated = sum(c.usage.completion_tokens for _, c in lm.generated)
     for r, c in lm.generated:  # generated tokens: each sample at least its end token, at most the limit
         assert r.n <= c.usage.completion_tokens <= r.n * r.max_new_tokens
-        assert c.usage.prompt_tokens == r.n * recount_prompt(tokenizer, r)
+        assert c.usage.prompt_tokens == recount_prompt(tokenizer, r)
     assert sum(ctx.meter.usage.prompt_tokens for ctx in contexts) == prompt
     assert sum(ctx.meter.usage.completion_tokens for ctx in contexts) == generated
     assert sum(ctx.meter.usage.calls for ctx in contexts) == len(lm.generated) + len(lm.scored)

@@ -145,16 +145,17 @@ def test_seeds_fix_samples_and_different_seeds_differ(lm: HFLM) -> None:
     assert len(set(first)) > 1, "the n samples of one request should differ"
 
 
-def test_n_samples_charge_the_prompt_n_times(lm: HFLM) -> None:
+def test_n_samples_charge_the_prompt_once_and_every_sample(lm: HFLM) -> None:
     request = GenerationRequest(PROMPTS[2], max_new_tokens=5, temperature=1.0, n=3, seed=0)
     [completion] = lm.generate([request])
     assert len(completion.texts) == 3
-    assert completion.usage.prompt_tokens == 3 * lm.count_prompt_tokens(PROMPTS[2])
+    assert completion.usage.prompt_tokens == lm.count_prompt_tokens(PROMPTS[2])
     assert 3 <= completion.usage.completion_tokens <= 15
     [greedy] = lm.generate([GenerationRequest(PROMPTS[2], max_new_tokens=5, n=2)])
     [single] = lm.generate([GenerationRequest(PROMPTS[2], max_new_tokens=5)])
     assert greedy.texts == single.texts * 2
     assert greedy.usage.completion_tokens == 2 * single.usage.completion_tokens
+    assert greedy.usage.prompt_tokens == single.usage.prompt_tokens
 
 
 def test_stop_strings_cut_the_text_and_the_charge(lm: HFLM, reference) -> None:

@@ -292,3 +292,15 @@ def test_skip_invalid_counts_and_skips(setup, tmp_path, capsys):
     assert main([*setup["args"], *flags, "--max_length", "1"]) == 0
     assert _lines(shard_path(out, 0, 1)) == 1
     assert '"answers": 1' in capsys.readouterr().out
+
+
+def test_kilt_page_ids_are_not_checked_as_corpus_passages(shared_data, setup):
+    """KILT provenance names Wikipedia pages, not rows of the corpus: validation checks passage ids
+    only (a page id like 10520 would be a row of a large corpus, and unrelated to the page)."""
+    from corag.sampling import referenced_ids
+
+    corpus = Corpus.load(setup["toy_dir"] / "corpus.jsonl")  # about 100 passages: no row 10520
+    kilt = load_examples(shared_data / "kilt" / "hotpotqa-dev-kilt.sample.jsonl")[:20]
+    assert all(referenced_ids(e) == [] and e.supporting_pages for e in kilt)
+    valid, skipped = validate_questions(kilt, corpus, "hotpotqa-dev-kilt.jsonl", skip_invalid=True)
+    assert len(valid) == 20 and not skipped

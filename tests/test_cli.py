@@ -1,0 +1,162 @@
+"""The `corag` command: bad input is one line on stderr and exit status 2, a traceback only on request."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corag.cli import COMMANDS, main
+from corag.errors import InputError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_bad_input_is_one_line_and_status_2(tmp_path, capsys):
+    missing = tmp_path / "nowhere.jsonl"
+    status = main(
+        ["evaluate", "--data", str(missing), "--out-dir", str(tmp_path / "out"), "--predictions", "p"]
+    )
+    captured = capsys.readouterr()
+    assert status == 2
+    assert captured.err == f"corag evaluate: error: {missing}: no such file\n"
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_debug_flag_and_environment_show_the_traceback(tmp_path, monkeypatch):
+    args = ["evaluate", "--data", str(tmp_path / "x.jsonl"), "--out-dir", str(tmp_path), "--predictions", "p"]
+    with pytest.raises(InputError, match="no such file"):
+        main(["--debug", *args])
+    monkeypatch.setenv("CORAG_DEBUG", "1")
+    with pytest.raises(InputError, match="no such file"):
+        main(args)
+
+
+def test_a_message_with_newlines_still_prints_as_one_line(capsys):
+    from corag.cli import run_command
+
+    def bad(argv: list[str]) -> int:
+        raise InputError("first\nsecond", file="f.jsonl", line=3, field="answers")
+
+    assert run_command("demo", bad, []) == 2
+    assert capsys.readouterr().err == "corag demo: error: f.jsonl, line 3, field 'answers': first second\n"
+
+
+def test_stage_scripts_go_through_the_same_wrapper(tmp_path):
+    """evaluation/evaluate.py is the same command: one line, status 2, no traceback."""
+    proc = subprocess.run(
+        [sys.executable, "evaluation/evaluate.py", "--data", str(tmp_path), "--out-dir", str(tmp_path / "o"),
+         "--predictions", "p"],
+        capture_output=True, text=True, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"corag evaluate: error: {tmp_path}: is a folder, not a file"]
+
+
+def test_help_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in COMMANDS) and "--debug" in out
+    assert main(["no-such-command"]) == 2
+
+
+# Bad input through the commands: each kind is one line naming the file (line, id) and field -----------
+
+KILT = "kilt/hotpotqa-dev-kilt.sample.jsonl"
+HOTPOT = "hotpotqa/hotpot_dev_distractor_sample.json"
+BAMBOOGLE = "bamboogle/bamboogle.csv"
+
+
+def _lines(data: Path, name: str, n: int = 3) -> list[bytes]:
+    return (data / name).read_bytes().splitlines(keepends=True)[:n]
+
+
+def _kilt_copy(data: Path, tmp: Path, edit) -> Path:
+    path = tmp / "nq-dev-kilt.jsonl"
+    path.write_bytes(edit(b"".join(_lines(data, KILT))))
+    return path
+
+
+def _preds(tmp: Path, data: Path, rows: list[dict]) -> Path:
+    ids = [json.loads(line)["id"] for line in _lines(data, KILT)]
+    path = tmp / "p.jsonl"
+    path.write_text("".join(json.dumps({"query_id": ids[i], **r}) + "\n" for i, r in rows), encoding="utf-8")
+    return path
+
+
+def _unanswer_later_lines(data: bytes) -> bytes:
+    first, rest = data.split(b"\n", 1)
+    return first + b"\n" + rest.replace(b'"answer": "', b'"x": "')
+
+
+def _good_kilt(data: Path, tmp: Path) -> Path:
+    return _kilt_copy(data, tmp, lambda b: b)
+
+
+# (name, build(data, tmp) -> argv after `evaluate`, the one-line message's end, what it must name)
+CASES = [
+    ("non-UTF-8 line", lambda d, t: ["--data", _kilt_copy(d, t, lambda b: b.replace(b'"input": "', b'"input": "\xe9', 1))],
+     "line 1: not UTF-8 text (byte 0xe9 at column", "nq-dev-kilt.jsonl"),
+    ("non-UTF-8 one-line JSON", lambda d, t: ["--data", _write(t / "h.json", b'[{"_id": "a", "question": "\xff"}]')],
+     "not UTF-8 text (byte 0xff at byte offset 27)", "h.json"),
+    ("empty file", lambda d, t: ["--data", _write(t / "q.jsonl", b"")], "q.jsonl: empty file: no records", "q.jsonl"),
+    ("folder", lambda d, t: ["--data", t], "is a folder, not a file", ""),
+    ("no such file", lambda d, t: ["--data", t / "nope.jsonl"], "nope.jsonl: no such file", ""),
+    ("truncated JSON lines", lambda d, t: ["--data", _write(t / "nq-dev-kilt.jsonl", b"".join(_lines(d, KILT))[:-400])],
+     "the last line has no newline: the file looks cut short", "line 3"),
+    ("truncated JSON array", lambda d, t: ["--data", _write(t / "h.json", (d / HOTPOT).read_bytes()[:5000])],
+     "the array is never closed: the file looks cut short", "h.json: malformed JSON"),
+    ("truncated CSV", lambda d, t: ["--data", _write(t / "b.csv", (d / BAMBOOGLE).read_bytes()[:200])],
+     "columns where the first row has 7: the file looks cut short", "id 'bamboogle-2'"),
+    ("unknown keys", lambda d, t: ["--data", _write(t / "q.jsonl", b'{"question_text": "x"}\n')],
+     "no known format has the keys ['question_text'] of the first record", "q.jsonl"),
+    ("no task", lambda d, t: ["--data", _write(t / "q.jsonl", b'{"query_id": "a", "query": "x", "answers": ["y"]}\n')],
+     "cannot tell the task from the records or the file name; pass --task", "field 'task'"),
+    ("unknown --task", lambda d, t: ["--data", _good_kilt(d, t), "--task", "chess"], "unknown task 'chess'", "field '--task'"),
+    ("unknown task in a record", lambda d, t: ["--data", _write(t / "q.jsonl", b'{"id": "a", "query": "x", "answers": ["y"], "task": "quiz"}\n')],
+     "unknown task 'quiz'", "line 1, id 'a'"),
+    ("an answer missing from a gold file", lambda d, t: ["--data", _kilt_copy(d, t, _unanswer_later_lines)],
+     "no non-empty answer, where the file's other records have one", "line 2"),
+    ("alias file for other data", lambda d, t: ["--data", _good_kilt(d, t), "--aliases", _write(t / "a.json", b"{}")],
+     "an alias file is for 2WikiMultihopQA questions, not 'kilt'", "nq-dev-kilt.jsonl"),
+    ("a non-string prediction", lambda d, t: ["--data", _good_kilt(d, t), "--predictions", _preds(t, d, [(0, {"prediction": 7})])],
+     "expected a string prediction", "field 'prediction'"),
+    ("duplicate prediction", lambda d, t: ["--data", _good_kilt(d, t), "--predictions", _preds(t, d, [(0, {"prediction": "a"}), (0, {"prediction": "b"})])],
+     "duplicate prediction", "line 2"),
+    ("missing predictions refused", lambda d, t: ["--data", _good_kilt(d, t), "--require-all", "--predictions", _preds(t, d, [(0, {"prediction": "a"})])],
+     "no prediction for 2 question(s)", "field 'query_id'"),
+    ("a prediction file that is not there", lambda d, t: ["--data", _good_kilt(d, t), "--predictions", t / "gone.jsonl"],
+     "gone.jsonl: no such file", ""),
+    ("an empty prediction file", lambda d, t: ["--data", _good_kilt(d, t), "--predictions", _write(t / "p.jsonl", b"\n")],
+     "no predictions in the file", "p.jsonl"),
+    ("a page map that is not one", lambda d, t: ["--data", _good_kilt(d, t), "--page-ids", _write(t / "pages.json", b"[1, 2]")],
+     "expected a JSON object of title -> page id, got list", "pages.json"),
+]  # fmt: skip
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(("name", "build", "message", "names"), CASES, ids=[c[0] for c in CASES])
+def test_each_kind_of_bad_input_is_one_line(shared_data, tmp_path, capsys, name, build, message, names):
+    argv = [str(a) for a in build(shared_data, tmp_path)]
+    if "--predictions" not in argv:
+        argv += [
+            "--predictions",
+            str(_write(tmp_path / "unused.jsonl", b'{"query_id": "x", "prediction": ""}\n')),
+        ]
+    status = main(["evaluate", *argv, "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert err.startswith("corag evaluate: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert message in err and names in err
+    assert not (tmp_path / "out" / "metrics.json").exists()  # nothing written
+
+
+def test_there_are_at_least_fifteen_kinds():
+    assert len({c[0] for c in CASES}) >= 15
