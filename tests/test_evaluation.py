@@ -494,9 +494,9 @@ def test_evaluate_a_checkpoint_from_context_doc_ids_with_official_files(
 ):
     """`corag evaluate` with a model: released-schema questions carrying context_doc_ids answer from
     exactly those documents, and the official files come beside ours."""
-    from corag.retrieval.bm25 import BM25Retriever
+    from corag.retrieval.bm25 import build_bm25_folder
 
-    BM25Retriever.from_passages(toy_world.passages).save(tmp_path / "bm25")
+    build_bm25_folder([toy_world.passages], tmp_path / "bm25")
     ids = [p.id for p in toy_world.passages][:25][::-1]
     questions = [
         {
