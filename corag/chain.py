@@ -18,13 +18,11 @@ from corag.errors import InputError
 from corag.executor import Context
 from corag.lm.base import LM, GenerationRequest, Message, ScoreRequest
 from corag.prompts import (
-    ANSWER_MAX_NEW_TOKENS,
     FINAL_NUM_DOCS,
     PENALTY_TARGET,
     STOP_NO,
     STOP_YES,
     SUBANSWER_NUM_DOCS,
-    SUBQUERY_MAX_NEW_TOKENS,
     final_answer_messages,
     parse_subquery,
     penalty_messages,
@@ -32,6 +30,7 @@ from corag.prompts import (
     subanswer_messages,
     subquery_messages,
 )
+from corag.settings import DEFAULT_LIMITS, GenerationLimits
 from corag.types import Example, Passage, Step, Usage
 
 
@@ -92,9 +91,12 @@ async def next_subquery(
     task_desc: str,
     temperature: float = 0.0,
     seed: int | None = None,
+    limits: GenerationLimits = DEFAULT_LIMITS,
 ) -> str:
     """Call A: the next sub-query, cleaned with parse_subquery."""
-    texts = await subquery_candidates(ctx, query, steps, task_desc, n=1, temperature=temperature, seed=seed)
+    texts = await subquery_candidates(
+        ctx, query, steps, task_desc, n=1, temperature=temperature, seed=seed, limits=limits
+    )
     return texts[0]
 
 
@@ -106,45 +108,84 @@ async def subquery_candidates(
     n: int,
     temperature: float,
     seed: int | None = None,
+    limits: GenerationLimits = DEFAULT_LIMITS,
 ) -> list[str]:
-    """Call A sampled `n` times in one request (tree-search expansion), each cleaned."""
+    """Call A sampled `n` times in one request (tree-search expansion), each cleaned (and cut to its
+    first line unless the limits say otherwise), so a rambling output never reaches the retriever."""
     messages = subquery_messages(query, steps, task_desc, tok=ctx.lm)
-    request = _generation(ctx.lm, messages, SUBQUERY_MAX_NEW_TOKENS, temperature=temperature, n=n, seed=seed)
+    request = _generation(
+        ctx.lm,
+        messages,
+        limits.subquery_max_new_tokens,
+        temperature=temperature,
+        n=n,
+        seed=seed,
+        stop=tuple(limits.subquery_stop),
+    )
     completion = await ctx.generate(request)
-    return [parse_subquery(text) for text in completion.texts]
+    return [parse_subquery(text, limits.subquery_first_line) for text in completion.texts]
 
 
-async def subanswer(ctx: Context, subquery: str, corpus: CorpusLike, k: int = SUBANSWER_NUM_DOCS) -> Step:
+async def subanswer(
+    ctx: Context,
+    subquery: str,
+    corpus: CorpusLike,
+    k: int = SUBANSWER_NUM_DOCS,
+    limits: GenerationLimits = DEFAULT_LIMITS,
+) -> Step:
     """Search the sub-query, then call B (greedy) over its top-k documents: one finished Step."""
     hits = await ctx.search(subquery, k)
     doc_ids = tuple(hit.doc_id for hit in hits)
     messages = subanswer_messages(subquery, corpus.get_many(doc_ids), tok=ctx.lm)
-    completion = await ctx.generate(_generation(ctx.lm, messages, ANSWER_MAX_NEW_TOKENS, temperature=0.0))
+    request = _generation(
+        ctx.lm, messages, limits.subanswer_max_new_tokens, temperature=0.0, stop=tuple(limits.subanswer_stop)
+    )
+    completion = await ctx.generate(request)
     return Step(subquery, completion.texts[0].strip(), doc_ids)
 
 
 def final_request(
-    lm: LM, query: str, steps: Sequence[Step], task_desc: str, passages: Sequence[Passage]
+    lm: LM,
+    query: str,
+    steps: Sequence[Step],
+    task_desc: str,
+    passages: Sequence[Passage],
+    limits: GenerationLimits = DEFAULT_LIMITS,
 ) -> GenerationRequest:
-    """The request of call C (greedy, 128 new tokens)."""
+    """The request of call C (greedy, 128 new tokens by default)."""
     messages = final_answer_messages(query, steps, task_desc, passages, tok=lm)
-    return _generation(lm, messages, ANSWER_MAX_NEW_TOKENS, temperature=0.0)
+    return _generation(
+        lm, messages, limits.final_max_new_tokens, temperature=0.0, stop=tuple(limits.final_stop)
+    )
 
 
-def final_cost(lm: LM, query: str, steps: Sequence[Step], task_desc: str, passages: Sequence[Passage]) -> int:
-    """Worst-case tokens of call C for these steps: its actual prompt plus 128 new tokens."""
-    request = final_request(lm, query, steps, task_desc, passages)
+def final_cost(
+    lm: LM,
+    query: str,
+    steps: Sequence[Step],
+    task_desc: str,
+    passages: Sequence[Passage],
+    limits: GenerationLimits = DEFAULT_LIMITS,
+) -> int:
+    """Worst-case tokens of call C for these steps: its actual prompt plus its new-token cap."""
+    request = final_request(lm, query, steps, task_desc, passages, limits)
     return lm.count_prompt_tokens(request.messages) + request.max_new_tokens
 
 
 async def final_answer(
-    ctx: Context, query: str, steps: Sequence[Step], task_desc: str, passages: Sequence[Passage]
+    ctx: Context,
+    query: str,
+    steps: Sequence[Step],
+    task_desc: str,
+    passages: Sequence[Passage],
+    limits: GenerationLimits = DEFAULT_LIMITS,
 ) -> str:
     """Call C: the final answer from the chain and the original query's documents.
 
     Marked final, so it may use the budget's reserve.
     """
-    completion = await ctx.generate(final_request(ctx.lm, query, steps, task_desc, passages), final=True)
+    request = final_request(ctx.lm, query, steps, task_desc, passages, limits)
+    completion = await ctx.generate(request, final=True)
     return completion.texts[0].strip()
 
 
@@ -184,6 +225,7 @@ class Question:
     corpus: CorpusLike
     passages: tuple[Passage, ...]
     docs_source: str = "retrieved"
+    limits: GenerationLimits = field(default_factory=GenerationLimits)
 
     @property
     def doc_ids(self) -> tuple[str, ...]:
@@ -247,6 +289,7 @@ async def open_question(
     task_desc: str | None = None,
     docs: int = FINAL_NUM_DOCS,
     final_docs: str = "auto",
+    limits: GenerationLimits | None = None,
 ) -> Question:
     """The original query's top documents (20, as the paper; 0 for none at all): with `final_docs`
     "auto", the example's own `context_doc_ids` when it has them, else a search; "dataset" or
@@ -266,7 +309,9 @@ async def open_question(
         passages = tuple(corpus.get_many([hit.doc_id for hit in hits]))
     task_desc = task_desc or tasks.task_description(example.task, example.meta)
     source = "dataset" if given else "retrieved"
-    question = Question(example.id, example.query, task_desc, corpus, passages, source)
+    question = Question(
+        example.id, example.query, task_desc, corpus, passages, source, limits or DEFAULT_LIMITS
+    )
     if not keep_room_for_final(ctx, question, ()) and ctx.meter.budget is not None:
         ctx.meter.reserve = ctx.meter.budget  # not even the bare final answer fits: start nothing
     return question
@@ -281,7 +326,7 @@ def keep_room_for_final(ctx: Context, question: Question, steps: Sequence[Step])
     meter = ctx.meter
     if meter.budget is None:
         return True
-    cost = final_cost(ctx.lm, question.query, steps, question.task_desc, question.passages)
+    cost = final_cost(ctx.lm, question.query, steps, question.task_desc, question.passages, question.limits)
     if not meter.fits(cost) or cost > meter.budget:
         return False
     meter.reserve = max(meter.reserve, cost)
@@ -357,7 +402,9 @@ async def finish(
     """
     extras = dict(extras or {})
     try:
-        prediction = await final_answer(ctx, question.query, steps, question.task_desc, question.passages)
+        prediction = await final_answer(
+            ctx, question.query, steps, question.task_desc, question.passages, question.limits
+        )
     except BudgetExceeded:
         prediction, extras["final_skipped"] = "", True
     return DecodeResult(

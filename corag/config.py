@@ -52,3 +52,32 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise InputError("a config file must hold a mapping of keys to values", file=str(path))
     return values
+
+
+def parse_args_with_config(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse `argv` with an argparse `parser` whose defaults come from `--config file.yaml` (if given).
+
+    The YAML keys are the options' names with underscores (`out_dir`, `max_batch_tokens`); an unknown
+    key is an InputError naming the file and the key, and options required on the command line are
+    satisfied by the file.
+    """
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    parser.add_argument("--config", help="YAML file of defaults (keys: option names with underscores)")
+    if known.config:
+        values = load_yaml(known.config)
+        names = {a.dest for a in parser._actions if a.dest not in ("help", "config")}
+        for key in values:
+            if key not in names:
+                raise InputError(
+                    f"unknown config key; known keys: {sorted(names)}", file=known.config, field=key
+                )
+        parser.set_defaults(**values)
+        for action in parser._actions:
+            if action.dest in values:
+                action.required = False
+        for group in parser._mutually_exclusive_groups:
+            if any(a.dest in values for a in group._group_actions):
+                group.required = False
+    return parser.parse_args(argv)

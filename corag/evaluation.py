@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from corag.budget import Meter
 from corag.chain import FINAL_DOCS, DecodeResult, check_dataset_docs
+from corag.config import parse_args_with_config
 from corag.data.jsonl import JsonlAppender, atomic_write, input_file, iter_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.executor import Context, Executor
@@ -42,6 +43,7 @@ from corag.metrics import (
     reciprocal_rank_fusion,
 )
 from corag.scaling import plot_scaling, write_table
+from corag.settings import EngineSettings, GenerationLimits, add_arguments, pick
 from corag.tasks import RULES, get_task, split_from_path, task_description
 from corag.types import Example
 
@@ -448,7 +450,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse predictions missing questions (default: they count 0)",
     )
     p.add_argument("--model", help="checkpoint folder (or hub name)")
-    p.add_argument("--backend", default="hf", choices=["hf", "vllm"])
     p.add_argument("--corpus", help="corpus file or folder")
     p.add_argument("--retriever", help="index folder from `corag index`, or a service URL")
     p.add_argument(
@@ -478,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="KILT: JSON map of page title -> Wikipedia id (`corag kilt-pages` builds it)",
     )
+    add_arguments(p, EngineSettings)
+    add_arguments(p, GenerationLimits)
     return p
 
 
@@ -488,7 +491,10 @@ def _page_lookup(corpus: Any | None, title_ids: dict[str, str] | None) -> PageLo
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args_with_config(build_parser(), argv)
+    engine, limits = pick(EngineSettings, args), pick(GenerationLimits, args)
+    engine.check()
+    limits.check()
     from corag.data.corpus import Corpus
     from corag.data.formats import load_examples
     from corag.decoding.predict import question_options
@@ -518,7 +524,6 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"corag evaluate: --{name} is required unless --predictions is given")
     runs = parse_runs(args.methods)
     from corag.decoding import STRATEGIES
-    from corag.lm import load_lm
     from corag.retrieval import load_retriever
 
     corpus = Corpus.load(args.corpus)
@@ -527,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"final-answer documents: the data's context_doc_ids for {given} of {len(examples)} question(s)"
         )
-    lm, retriever = load_lm(args.model, args.backend), load_retriever(args.retriever)
+    lm, retriever = engine.load(args.model), load_retriever(args.retriever)
     extra: dict[str, Any] = {}
     if args.demonstrations:
         from corag.methods.demos import load_demonstrations
@@ -539,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.out_dir / run.name.replace(":", "_").replace("=", "")
         method_extra = extra if run.method in ("ircot", "one_step", "no_retrieval") else {}
         if run.method in STRATEGIES:
-            method_extra = {"final_docs": args.final_docs}
+            method_extra = {"final_docs": args.final_docs, "limits": limits}
         records = run_method(
             run, examples, lm, retriever, corpus, folder / "predictions.jsonl",
             budget=args.budget, max_active=args.max_active, extra_kwargs=method_extra,

@@ -176,9 +176,12 @@ Respond with "Yes" if the main query can be answered now, otherwise "No". Do not
 _LEADING_LABEL = re.compile(r"^Intermediate query \d+:\s*")
 
 
-def parse_subquery(text: str) -> str:
-    """Clean a generated sub-query: strip, drop surrounding quotes and a leading label."""
+def parse_subquery(text: str, first_line: bool = False) -> str:
+    """Clean a generated sub-query: strip, drop surrounding quotes and a leading label (as the release
+    does); with `first_line`, first keep only its first non-empty line (corag.settings.GenerationLimits)."""
     text = text.strip()
+    if first_line:
+        text = text.split("\n", 1)[0].strip()
     if len(text) >= 2 and text.startswith('"') and text.endswith('"'):
         text = text[1:-1].strip()
     return _LEADING_LABEL.sub("", text).strip()

@@ -38,6 +38,7 @@ from corag.errors import InputError
 from corag.executor import Context, Executor
 from corag.metrics import exact_match, max_over_golds
 from corag.prompts import FINAL_NUM_DOCS, NO_INFO, final_answer_messages
+from corag.settings import DEFAULT_LIMITS, EngineSettings, GenerationLimits, chain_settings, pick
 from corag.tasks import task_description
 from corag.types import Example, Passage, Step
 
@@ -107,6 +108,7 @@ async def sample_one_chain(
     index: int,
     max_length: int,
     passages: Sequence[Passage],
+    limits: GenerationLimits = DEFAULT_LIMITS,
 ) -> SampledChain:
     """Grow one chain to at most `max_length` steps, scoring it after every step.
 
@@ -118,11 +120,11 @@ async def sample_one_chain(
     score, early_stop = None, None
     while len(steps) < max_length:
         seed = call_seed(example.id, f"sample-{config.seed}-{index}", len(steps), 0)
-        query = await next_subquery(ctx, example.query, steps, task_desc, config.temperature, seed)
+        query = await next_subquery(ctx, example.query, steps, task_desc, config.temperature, seed, limits)
         if not query:
             early_stop = "no_subquery"
             break
-        step = await subanswer(ctx, query, corpus, k=config.top_k)
+        step = await subanswer(ctx, query, corpus, k=config.top_k, limits=limits)
         steps.append(step if step.subanswer else Step(step.subquery, NO_INFO, step.doc_ids))
         score = await gold_logprob(ctx, example, steps, passages)
         if max_over_golds(exact_match, steps[-1].subanswer, example.answers):
@@ -146,7 +148,12 @@ def chain_lengths(example_id: str, config: SamplingConfig) -> list[int]:
 
 
 async def sample_question(
-    ctx: Context, example: Example, corpus: CorpusLike, config: SamplingConfig, config_hash: str = ""
+    ctx: Context,
+    example: Example,
+    corpus: CorpusLike,
+    config: SamplingConfig,
+    config_hash: str = "",
+    limits: GenerationLimits = DEFAULT_LIMITS,
 ) -> dict[str, Any]:
     """All chains of one question, concurrently; the record of the best one."""
     hits = await ctx.search(example.query, FINAL_NUM_DOCS)
@@ -154,7 +161,7 @@ async def sample_question(
     passages = corpus.get_many(context_ids) if config.scoring_prompt == "final_with_docs" else []
     chains: list[SampledChain] = await ctx.gather(
         *(
-            sample_one_chain(ctx, example, corpus, config, i, length, passages)
+            sample_one_chain(ctx, example, corpus, config, i, length, passages, limits)
             for i, length in enumerate(chain_lengths(example.id, config))
         )
     )
@@ -300,6 +307,7 @@ def run_sampling(
     out_path: Path,
     *,
     hash_inputs: dict[str, Any] | None = None,
+    limits: GenerationLimits = DEFAULT_LIMITS,
     block_size: int = 64,
     shard: int = 0,
     num_shards: int = 1,
@@ -333,7 +341,7 @@ def run_sampling(
         bar = tqdm(total=todo, desc="sampling", unit="q", disable=not progress, file=sys.stderr)
         for block in blocks:
             records = executor.run(
-                [sample_question(Context(lm, retriever), e, corpus, config, digest) for e in block]
+                [sample_question(Context(lm, retriever), e, corpus, config, digest, limits) for e in block]
             )
             for record in records:
                 if record["query_id"] not in done:
@@ -397,8 +405,9 @@ def merge_shards(shard_files: Sequence[Path], examples: Sequence[Example], out: 
 
 
 @dataclass
-class SamplingArguments(SamplingConfig):
-    """`corag sample` / sampling/sample.py: one shard of a rejection-sampling run."""
+class SamplingArguments(SamplingConfig, EngineSettings, GenerationLimits):
+    """`corag sample` / sampling/sample.py: one shard of a rejection-sampling run (engine settings and
+    generation limits: corag.settings)."""
 
     model: str = field(default="", metadata={"help": "HF chat model folder or hub name (any chat model)"})
     questions: str = field(default="", metadata={"help": "training questions (any supported format)"})
@@ -411,9 +420,6 @@ class SamplingArguments(SamplingConfig):
         metadata={"help": "task of the questions (default: the records' own, else the file name's)"},
     )
     aliases: str | None = field(default=None, metadata={"help": "2WikiMultihopQA id_aliases.json"})
-    backend: str = field(default="hf", metadata={"help": "hf or vllm"})
-    tensor_parallel_size: int = 1
-    batch_size: int = field(default=64, metadata={"help": "sequences per forward pass (hf backend)"})
     block_size: int = field(
         default=64,
         metadata={
@@ -437,9 +443,11 @@ def main(argv: list[str] | None = None) -> int:
             f"corag sample: need 0 <= --shard < --num-shards, got {args.shard}/{args.num_shards}"
         )
     args.check()
+    engine, limits = pick(EngineSettings, args), pick(GenerationLimits, args)
+    engine.check()
+    limits.check()
     from corag.data.corpus import Corpus
     from corag.data.formats import load_examples
-    from corag.lm import load_lm
     from corag.retrieval import load_retriever
 
     corpus = Corpus.load(args.corpus)
@@ -453,12 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     examples, skipped = validate_questions(examples, corpus, args.questions, args.skip_invalid, errors)
     if skipped:
         print(f"skipped {sum(skipped.values())} invalid question(s): {dict(skipped)}", file=sys.stderr)
-    lm_kwargs = (
-        {"batch_size": args.batch_size}
-        if args.backend == "hf"
-        else {"tensor_parallel_size": args.tensor_parallel_size}
-    )
-    lm = load_lm(args.model, args.backend, **lm_kwargs)
+    lm = engine.load(args.model)
     retriever = load_retriever(args.retriever)
     sampling = {f.name: getattr(args, f.name) for f in SamplingConfig.__dataclass_fields__.values()}
     out_path = shard_path(Path(args.out_dir), args.shard, args.num_shards)
@@ -469,7 +472,13 @@ def main(argv: list[str] | None = None) -> int:
         retriever,
         SamplingConfig(**sampling),
         out_path,
-        hash_inputs={"model": args.model, "questions": args.questions, "retriever": args.retriever},
+        hash_inputs={
+            "model": args.model,
+            "questions": args.questions,
+            "retriever": args.retriever,
+            **chain_settings(engine, limits),
+        },
+        limits=limits,
         block_size=args.block_size,
         shard=args.shard,
         num_shards=args.num_shards,

@@ -141,9 +141,10 @@ def build_examples(
     scorer = None
     if data_args.stop_examples and any(c.prefix_scores is None for c in chains):
         # Records without prefix scores are scored by the model about to be trained (as sampled).
-        from corag.lm import load_lm
+        from corag.settings import EngineSettings
 
-        scorer = training.lm_prefix_scorer(load_lm(model_path))
+        engine = EngineSettings(chat_template_kwargs=data_args.chat_template_kwargs)
+        scorer = training.lm_prefix_scorer(engine.load(model_path))
     examples = training.build_examples(
         chains,
         corpus,

@@ -7,6 +7,7 @@ from corag.decoding.greedy import check_max_steps, sample_chain
 from corag.errors import InputError
 from corag.executor import Context
 from corag.prompts import FINAL_NUM_DOCS
+from corag.settings import GenerationLimits
 from corag.types import Example
 
 SAMPLE_TEMPERATURE = 0.7
@@ -23,6 +24,7 @@ async def best_of_n(
     task_desc: str | None = None,
     docs: int = FINAL_NUM_DOCS,
     final_docs: str = "auto",
+    limits: GenerationLimits | None = None,
 ) -> DecodeResult:
     """Sample N chains concurrently, score each with the penalty, answer from the argmin chain.
 
@@ -31,7 +33,7 @@ async def best_of_n(
     check_max_steps(max_steps)
     if n < 1:
         raise InputError(f"the number of chains N must be 1 or more, got {n}", field="n")
-    question = await open_question(ctx, example, corpus, task_desc, docs, final_docs)
+    question = await open_question(ctx, example, corpus, task_desc, docs, final_docs, limits)
     chains = await ctx.gather(
         *(
             sample_chain(

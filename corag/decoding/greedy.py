@@ -20,6 +20,7 @@ from corag.chain import (
 from corag.errors import InputError
 from corag.executor import Context
 from corag.prompts import FINAL_NUM_DOCS
+from corag.settings import GenerationLimits
 from corag.types import Example, Step
 
 RETRY_TEMPERATURE = 0.7
@@ -56,12 +57,14 @@ async def sample_chain(
         while len(steps) < max_steps and calls < max_calls:
             calls += 1
             seed = call_seed(question.id, chain, len(steps), calls)
-            query = await next_subquery(ctx, question.query, steps, question.task_desc, temp, seed)
+            query = await next_subquery(
+                ctx, question.query, steps, question.task_desc, temp, seed, question.limits
+            )
             if query in {s.subquery for s in steps}:
                 temp = max(temp, RETRY_TEMPERATURE)
                 continue
             temp = temperature
-            step = await subanswer(ctx, query, question.corpus)
+            step = await subanswer(ctx, query, question.corpus, limits=question.limits)
             if for_final and not keep_room_for_final(ctx, question, [*steps, step]):
                 break
             steps.append(step)
@@ -86,9 +89,10 @@ async def greedy(
     task_desc: str | None = None,
     docs: int = FINAL_NUM_DOCS,
     final_docs: str = "auto",
+    limits: GenerationLimits | None = None,
 ) -> DecodeResult:
     """One greedy chain of up to L steps (L = 0 answers from the documents alone), then the answer."""
     check_max_steps(max_steps)
-    question = await open_question(ctx, example, corpus, task_desc, docs, final_docs)
+    question = await open_question(ctx, example, corpus, task_desc, docs, final_docs, limits)
     steps = await sample_chain(ctx, question, max_steps=max_steps, temperature=0.0, stop_bias=stop_bias)
     return await finish(ctx, question, example, "greedy", steps)

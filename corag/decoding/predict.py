@@ -2,7 +2,8 @@
 
 Each line holds the official CoRAG prediction fields (query, answers, query_id, context_doc_ids,
 subqueries, subanswers, predictions) and ours (strategy, steps with doc ids, usage, model calls, and
-strategy extras). Lines are appended and flushed as questions finish; a re-run skips ids already in
+strategy extras). Engine settings and generation limits: corag.settings, from flags or `--config`.
+Lines are appended and flushed as questions finish; a re-run skips ids already in
 the output, so an interrupted run resumes without loss or duplicates.
 """
 
@@ -18,9 +19,11 @@ from typing import Any
 from tqdm import tqdm
 
 from corag.chain import FINAL_DOCS, check_dataset_docs
+from corag.config import parse_args_with_config
 from corag.decoding import STRATEGIES, get_strategy
 from corag.errors import InputError
 from corag.executor import Executor
+from corag.settings import EngineSettings, GenerationLimits, add_arguments, pick
 from corag.tasks import get_task
 from corag.types import Example
 
@@ -30,8 +33,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="corag predict", description="Run a CoRAG decoding strategy over questions."
     )
     p.add_argument("--model", required=True, help="checkpoint folder (chat model)")
-    p.add_argument("--backend", default="hf", choices=["hf", "vllm"])
-    p.add_argument("--device", default=None, help="hf backend device (default: cuda if available)")
     p.add_argument("--data", required=True, help="questions file (plain JSONL or a benchmark format)")
     p.add_argument("--format", default=None, help="questions format (default: detected from the file)")
     p.add_argument("--corpus", required=True, help="corpus file (.jsonl, .parquet, .arrow) or dataset folder")
@@ -67,12 +68,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--split", default=None, help="split name for the official files (default: from the file name)"
     )
-    return p.parse_args(argv)
+    add_arguments(p, EngineSettings)
+    add_arguments(p, GenerationLimits)
+    return parse_args_with_config(p, argv)
 
 
 def check_settings(args: argparse.Namespace) -> None:
     """Reject bad settings before loading anything."""
     get_strategy(args.strategy)
+    pick(EngineSettings, args).check()
+    pick(GenerationLimits, args).check()
     if args.max_steps < 0:
         raise InputError(f"must be 0 or more, got {args.max_steps}", field="--max-steps")
     if args.n < 1:
@@ -90,6 +95,7 @@ def strategy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "max_steps": args.max_steps,
         "stop_bias": args.stop_bias,
         "final_docs": args.final_docs,
+        "limits": pick(GenerationLimits, args),
     }
     if args.strategy == "best_of_n":
         kwargs["n"] = args.n
@@ -138,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     check_settings(args)
     from corag.data.corpus import Corpus
     from corag.data.formats import load_examples
-    from corag.lm import load_lm
     from corag.retrieval import load_retriever
 
     examples = load_examples(args.data, args.format, **question_options(args))[: args.limit]
@@ -153,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"final-answer documents: the data's context_doc_ids for {given} question(s), searched for the rest"
     )
-    lm_kwargs = {"device": args.device} if args.backend == "hf" and args.device else {}
-    lm = load_lm(args.model, backend=args.backend, **lm_kwargs)
+    lm = pick(EngineSettings, args).load(args.model)
     retriever = load_retriever(args.index or args.retriever_url)
     strategy, kwargs = get_strategy(args.strategy), strategy_kwargs(args)
     executor = Executor(lm, retriever, max_active=args.max_active)

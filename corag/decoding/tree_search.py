@@ -22,6 +22,7 @@ from corag.chain import (
 from corag.decoding.greedy import check_max_steps, sample_chain
 from corag.executor import Context
 from corag.prompts import FINAL_NUM_DOCS
+from corag.settings import GenerationLimits
 from corag.types import Example, Step
 
 SAMPLE_TEMPERATURE = 0.7
@@ -70,20 +71,30 @@ async def tree_search(
     task_desc: str | None = None,
     docs: int = FINAL_NUM_DOCS,
     final_docs: str = "auto",
+    limits: GenerationLimits | None = None,
 ) -> DecodeResult:
     """L steps, each chosen among up to 4 distinct sampled sub-queries by the mean penalty of rollouts."""
     check_max_steps(max_steps)
-    question = await open_question(ctx, example, corpus, task_desc, docs, final_docs)
+    question = await open_question(ctx, example, corpus, task_desc, docs, final_docs, limits)
     steps: tuple[Step, ...] = ()
     tree: list[list[dict[str, object]]] = []  # per step: each candidate and its score
     try:
         for i in range(max_steps):
             seed = call_seed(question.id, "tree", i, 0)
             texts = await subquery_candidates(
-                ctx, question.query, steps, question.task_desc, EXPAND, SAMPLE_TEMPERATURE, seed
+                ctx,
+                question.query,
+                steps,
+                question.task_desc,
+                EXPAND,
+                SAMPLE_TEMPERATURE,
+                seed,
+                question.limits,
             )
             candidates = list(dict.fromkeys(texts))[:KEEP]
-            new_steps = await ctx.gather(*(subanswer(ctx, q, corpus) for q in candidates))
+            new_steps = await ctx.gather(
+                *(subanswer(ctx, q, corpus, limits=question.limits) for q in candidates)
+            )
             scores = await ctx.gather(
                 *(
                     rollout_score(ctx, question, (*steps, step), max_steps, f"tree/{i}/{c}")

@@ -26,10 +26,12 @@ from transformers import (
 
 from corag.lm.base import Completion, GenerationRequest, Score, ScoreRequest
 from corag.lm.render import ChatRenderer, CountingLM
+from corag.settings import SYSTEM_DEFAULT
 from corag.types import Usage
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 UNBOUNDED = 1_000_000  # tokenizers without a real limit report a huge model_max_length
+STOP_MARGIN = 8  # extra tokens decoded when looking for a stop string (a character split over tokens)
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -80,7 +82,12 @@ class _Seq:
 
 
 class HFLM(CountingLM):
-    """A transformers causal LM behind the LM protocol (bf16 on GPU, fp32 on CPU, eval mode)."""
+    """A transformers causal LM behind the LM protocol (by default bf16 on GPU, fp32 on CPU; eval mode).
+
+    A forward pass holds at most `batch_size` sequences and, with `max_batch_tokens`, at most that many
+    tokens (rows x padded length, counting the new tokens of a generation), which bounds the memory
+    of activations and the KV cache; a single longer sequence runs alone.
+    """
 
     def __init__(
         self,
@@ -90,9 +97,12 @@ class HFLM(CountingLM):
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
         batch_size: int = 64,
+        max_batch_tokens: int | None = None,
         max_context: int | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        system_prompt: str = SYSTEM_DEFAULT,
     ) -> None:
+        dtype = None if dtype == "auto" else dtype
         if isinstance(dtype, str):
             if dtype not in DTYPES:
                 raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
@@ -115,8 +125,9 @@ class HFLM(CountingLM):
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self.device = model.device
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(name)
-        self.renderer = ChatRenderer(self.tokenizer, name, chat_template_kwargs)
+        self.renderer = ChatRenderer(self.tokenizer, name, chat_template_kwargs, system_prompt)
         self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.end_ids = self.renderer.end_ids | _config_eos_ids(model)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.end_ids)
@@ -134,9 +145,8 @@ class HFLM(CountingLM):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """Continue each request's conversation with an assistant turn, `n` samples each."""
         seqs, prompts = self._expand(requests)
-        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i].prompt))
-        for start in range(0, len(order), self.batch_size):
-            self._decode([seqs[i] for i in order[start : start + self.batch_size]])
+        for batch in self._batches([(len(s.prompt), max(s.max_new, 0)) for s in seqs]):
+            self._decode([seqs[i] for i in batch])
         texts: list[list[str]] = [[] for _ in requests]
         generated = [0] * len(requests)
         for seq in seqs:
@@ -145,6 +155,24 @@ class HFLM(CountingLM):
         return [
             Completion(tuple(t), Usage(p, g, 1)) for p, t, g in zip(prompts, texts, generated, strict=True)
         ]
+
+    def _batches(self, sizes: Sequence[tuple[int, int]]) -> list[list[int]]:
+        """Indices of (prompt tokens, new tokens) items, longest prompt first, cut into micro-batches
+        within `batch_size` rows and `max_batch_tokens` tokens (rows x (longest prompt + most new))."""
+        order = sorted(range(len(sizes)), key=lambda i: -sizes[i][0])
+        limit = self.max_batch_tokens or UNBOUNDED**2
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        width = new = 0
+        for i in order:
+            prompt, extra = sizes[i]
+            grown = (len(batch) + 1) * (max(width, prompt) + max(new, extra))
+            if batch and (len(batch) >= self.batch_size or grown > limit):
+                batches.append(batch)
+                batch, width, new = [], 0, 0
+            batch.append(i)
+            width, new = max(width, prompt), max(new, extra)
+        return [*batches, batch] if batch else batches
 
     def _expand(self, requests: Sequence[GenerationRequest]) -> tuple[list[_Seq], list[int]]:
         """One sequence per sample, each sampled one with its own seeded generator; the `n` samples of
@@ -192,39 +220,48 @@ class HFLM(CountingLM):
                 logits_to_keep=1,
                 **{self._cache_arg: cache},
             )
-            logits = out.logits[:, -1, :].float()
-            for i, seq in enumerate(active):
-                self._advance(seq, self._pick(seq, logits[i]))
+            tokens = self._pick(active, out.logits[:, -1, :].float())
+            for seq, token in zip(active, tokens.tolist(), strict=True):  # one host sync per step
+                self._advance(seq, token)
             keep = [i for i, s in enumerate(active) if not s.done]
             if not keep:
                 return
             if len(keep) < len(active):
                 rows = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(rows)
-                mask, positions = mask[rows], positions[rows]
+                mask, positions, tokens = mask[rows], positions[rows], tokens[rows]
                 active = [active[i] for i in keep]
-            input_ids = torch.tensor([[s.ids[-1]] for s in active], device=self.device)
+            input_ids = tokens[:, None]
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
             positions = positions[:, -1:] + 1
 
-    def _pick(self, seq: _Seq, logits: torch.Tensor) -> int:
-        if seq.generator is None:
-            return int(logits.argmax())
-        probs = torch.softmax(logits / seq.temperature, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=seq.generator))
+    def _pick(self, active: list[_Seq], logits: torch.Tensor) -> torch.Tensor:
+        """Next token of every row, left on the device: greedy rows by argmax, sampled rows each from
+        its own generator."""
+        tokens = logits.argmax(-1)
+        for i, seq in enumerate(active):
+            if seq.generator is not None:
+                probs = torch.softmax(logits[i] / seq.temperature, dim=-1)
+                tokens[i] = torch.multinomial(probs, 1, generator=seq.generator)[0]
+        return tokens
 
     def _advance(self, seq: _Seq, token: int) -> None:
         seq.ids.append(token)
-        seq.done = (
-            token in self.end_ids
-            or len(seq.ids) >= seq.max_new
-            or (
-                bool(seq.stop)
-                and stop_index(self.tokenizer.decode(seq.ids, skip_special_tokens=True), seq.stop) is not None
-            )
-        )
+        seq.done = token in self.end_ids or len(seq.ids) >= seq.max_new or self._stopped(seq)
         if seq.done:
             self._finish(seq)
+
+    def _stopped(self, seq: _Seq) -> bool:
+        """Whether a stop string ends in the newest token. Only the last tokens are decoded: enough for
+        the longest stop string (a token holds at least one character) plus a margin for characters
+        split over tokens; the finished text is still cut at its first stop string by a full decode."""
+        if not seq.stop:
+            return False
+        window = max(len(s) for s in seq.stop) + STOP_MARGIN
+        return (
+            stop_index(self.tokenizer.decode(seq.ids[-window:], skip_special_tokens=True), seq.stop)
+            is not None
+        )
 
     def _finish(self, seq: _Seq) -> None:
         seq.text, seq.done = completion_text(self.tokenizer, seq.ids, self.end_ids, seq.stop), True
@@ -237,10 +274,8 @@ class HFLM(CountingLM):
         for ids, _ in rendered:
             if len(ids) > self.max_context:
                 raise context_error(len(ids), self.max_context)
-        order = sorted(range(len(rendered)), key=lambda i: -len(rendered[i][0]))
         results: list[Score | None] = [None] * len(requests)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
+        for chunk in self._batches([(len(ids), 0) for ids, _ in rendered]):
             for i, logprobs in zip(chunk, self._score_batch([rendered[i] for i in chunk]), strict=True):
                 results[i] = Score(tuple(logprobs), Usage(len(rendered[i][0]), 0, 1))
         return results

@@ -2,7 +2,8 @@
 
 The template text already holds any begin-of-text token, so rendered text is tokenized without adding
 special tokens again. Scored targets are located by rendering with and without the assistant turn, so no
-model-specific token ids are needed anywhere.
+model-specific token ids are needed anywhere. The system turn follows one setting for every call
+(corag.settings.EngineSettings.system_prompt): the template's default, none, or a given text.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from transformers import PreTrainedTokenizerBase
 
 from corag.errors import InputError
 from corag.lm.base import Message, ScoreRequest
+from corag.settings import SYSTEM_DEFAULT, SYSTEM_NONE
 
 CACHE_SIZE = 65536
+PROBES = ("CoragProbeOne", "CoragProbeTwo", "CoragProbeThree")  # contents no template alters
 
 
 def _key(messages: Sequence[Message]) -> str:
@@ -28,7 +31,11 @@ class ChatRenderer:
     """Renders chat messages to token ids with a tokenizer's chat template; results are cached
     because strategies count a prompt's tokens before sending it.
 
-    `template_kwargs` go to every rendering, e.g. {"enable_thinking": False} for Qwen3 templates.
+    `template_kwargs` go to every rendering; a template with an `enable_thinking` switch (Qwen3) gets
+    False unless told otherwise, since every call wants the answer itself. `system_prompt` is
+    "default" (messages as given: the template adds its own system turn, if any), "none" (no system
+    turn: system messages dropped and the template's default turn cut out) or the text of the system
+    message put first in every call.
     """
 
     def __init__(
@@ -36,6 +43,7 @@ class ChatRenderer:
         tokenizer: PreTrainedTokenizerBase,
         name: str = "",
         template_kwargs: Mapping[str, Any] | None = None,
+        system_prompt: str = SYSTEM_DEFAULT,
     ) -> None:
         if not tokenizer.chat_template:
             raise InputError(
@@ -46,6 +54,12 @@ class ChatRenderer:
             )
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
+        if "enable_thinking" in tokenizer.chat_template:
+            self.template_kwargs.setdefault("enable_thinking", False)
+        self.system_prompt = system_prompt
+        self._default_system = ("", "")
+        if system_prompt == SYSTEM_NONE:
+            self._default_system = self._find_default_system(name or tokenizer.name_or_path or "")
         self._prompt = lru_cache(maxsize=CACHE_SIZE)(self._render_prompt)
         self._scored = lru_cache(maxsize=CACHE_SIZE)(self._render_scored)
         self.end_ids = self._end_of_turn_ids()
@@ -64,9 +78,45 @@ class ChatRenderer:
         return self._scored(_key(messages), target)
 
     def _template(self, messages: list[Message], generation_prompt: bool) -> str:
+        """The template's text of `messages` under the system prompt setting."""
+        if self.system_prompt != SYSTEM_DEFAULT:
+            messages = [m for m in messages if m["role"] != "system"]
+        if self.system_prompt not in (SYSTEM_DEFAULT, SYSTEM_NONE):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        text = self._apply(messages, generation_prompt)
+        cut, keep = self._default_system
+        return keep + text[len(cut) :] if cut and text.startswith(cut) else text
+
+    def _apply(self, messages: list[Message], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=generation_prompt, tokenize=False, **self.template_kwargs
         )
+
+    def _find_default_system(self, name: str) -> tuple[str, str]:
+        """What the template writes before the first user turn when given no system message, and what
+        of it to keep (the begin-of-text token): rendering a user turn, an assistant turn and a user
+        turn shows a turn's closing text (after the last user content) and so the user turn's header."""
+        one, two, three = PROBES
+        text = self._apply(
+            [
+                {"role": "user", "content": one},
+                {"role": "assistant", "content": two},
+                {"role": "user", "content": three},
+            ],
+            False,
+        )
+        closing = text[text.index(three) + len(three) :]
+        between = text[text.index(two) + len(two) : text.index(three)]
+        if not closing or not between.startswith(closing):
+            raise InputError(
+                "cannot tell where this chat template's turns begin, so its default system turn cannot be "
+                "dropped; use system_prompt default or a text",
+                file=name or None,
+                field="system_prompt",
+            )
+        prefix = text[: text.index(between[len(closing) :] + one)]
+        bos = self.tokenizer.bos_token or ""
+        return prefix, (bos if bos and prefix.startswith(bos) else "")
 
     def _render_prompt(self, key: str) -> tuple[int, ...]:
         return tuple(self.encode(self._template(json.loads(key), True)))

@@ -15,11 +15,12 @@ from transformers import AutoTokenizer
 from corag.lm.base import Completion, GenerationRequest, Score, ScoreRequest
 from corag.lm.hf import completion_text, context_error, sample_seed
 from corag.lm.render import ChatRenderer, CountingLM
+from corag.settings import SYSTEM_DEFAULT
 from corag.types import Usage
 
 
 class VLLMLM(CountingLM):
-    """A vLLM offline engine behind the LM protocol.
+    """A vLLM offline engine behind the LM protocol (engine arguments: corag.settings.EngineSettings).
 
     Each request's seed is mixed as in the transformers backend and handed to vLLM, which seeds sample
     `i` with seed + i. Greedy requests are decoded once and their text repeated `n` times.
@@ -35,13 +36,17 @@ class VLLMLM(CountingLM):
         max_model_len: int | None = None,
         seed: int = 0,
         enable_prefix_caching: bool = True,
+        max_num_seqs: int | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        system_prompt: str = SYSTEM_DEFAULT,
         **engine_kwargs: Any,
     ) -> None:
         from vllm import LLM
 
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.renderer = ChatRenderer(self.tokenizer, path, chat_template_kwargs)
+        self.renderer = ChatRenderer(self.tokenizer, path, chat_template_kwargs, system_prompt)
+        if max_num_seqs is not None:
+            engine_kwargs["max_num_seqs"] = max_num_seqs
         self.engine = LLM(
             path,
             tensor_parallel_size=tensor_parallel_size,

@@ -253,7 +253,8 @@ def test_template_arguments_reach_the_template() -> None:
     tokenizer = train_tokenizer(TEXTS[:50], vocab_size=300)
     tokenizer.chat_template = THINKING_TEMPLATE
     with pytest.raises(ValueError, match="enable_thinking"):
-        ChatRenderer(tokenizer)
+        ChatRenderer(tokenizer, template_kwargs={"enable_thinking": True})
+    assert ChatRenderer(tokenizer).template_kwargs == {"enable_thinking": False}  # the switch's default
     renderer = ChatRenderer(tokenizer, template_kwargs={"enable_thinking": False})
     scored, start = renderer.scored_ids(PROMPTS[0], "person 3")
     assert scored[:start] == renderer.prompt_ids(PROMPTS[0])
