@@ -59,7 +59,7 @@ class EngineSettings:
     system_prompt: str = field(
         default=SYSTEM_DEFAULT,
         metadata={"help": "system turn of every call: default (the template's own, e.g. Llama-3.1's date "
-        "block), none (no system turn at all), or the text to use"},
+        "block), none (the template's default turn cut out), or the text of every call's system message"},
     )  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -33,9 +33,9 @@ class ChatRenderer:
 
     `template_kwargs` go to every rendering; a template with an `enable_thinking` switch (Qwen3) gets
     False unless told otherwise, since every call wants the answer itself. `system_prompt` is
-    "default" (messages as given: the template adds its own system turn, if any), "none" (no system
-    turn: system messages dropped and the template's default turn cut out) or the text of the system
-    message put first in every call.
+    "default" (messages as given: the template adds its own system turn, if any), "none" (the template's
+    default turn cut out, so a call without a system message has no system turn) or a text, the system
+    message of every call (put before a method's own system message, if it writes one).
     """
 
     def __init__(
@@ -79,10 +79,11 @@ class ChatRenderer:
 
     def _template(self, messages: list[Message], generation_prompt: bool) -> str:
         """The template's text of `messages` under the system prompt setting."""
-        if self.system_prompt != SYSTEM_DEFAULT:
-            messages = [m for m in messages if m["role"] != "system"]
         if self.system_prompt not in (SYSTEM_DEFAULT, SYSTEM_NONE):
-            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+            own = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+            rest = messages[1:] if own else messages
+            content = f"{self.system_prompt}\n\n{own}" if own else self.system_prompt
+            messages = [{"role": "system", "content": content}, *rest]
         text = self._apply(messages, generation_prompt)
         cut, keep = self._default_system
         return keep + text[len(cut) :] if cut and text.startswith(cut) else text
@@ -94,8 +95,9 @@ class ChatRenderer:
 
     def _find_default_system(self, name: str) -> tuple[str, str]:
         """What the template writes before the first user turn when given no system message, and what
-        of it to keep (the begin-of-text token): rendering a user turn, an assistant turn and a user
-        turn shows a turn's closing text (after the last user content) and so the user turn's header."""
+        of it to keep (a begin-of-text token before the system turn): rendering a user turn, an assistant
+        turn and a user turn shows a turn's closing text (after the last user content) and so the user
+        turn's header; the system turn's header is the same with "system" for "user"."""
         one, two, three = PROBES
         text = self._apply(
             [
@@ -114,9 +116,13 @@ class ChatRenderer:
                 file=name or None,
                 field="system_prompt",
             )
-        prefix = text[: text.index(between[len(closing) :] + one)]
+        header = between[len(closing) :]
+        prefix = text[: text.index(header + one)]
+        system_header = header.replace("user", "system", 1)
+        if system_header in prefix:  # keep what comes before the system turn (a begin-of-text token)
+            return prefix, prefix[: prefix.index(system_header)]
         bos = self.tokenizer.bos_token or ""
-        return prefix, (bos if bos and prefix.startswith(bos) else "")
+        return prefix, (bos if bos and prefix.startswith(bos) and not header.startswith(bos) else "")
 
     def _render_prompt(self, key: str) -> tuple[int, ...]:
         return tuple(self.encode(self._template(json.loads(key), True)))
