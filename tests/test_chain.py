@@ -12,7 +12,7 @@ from corag import chain
 from corag.budget import BudgetExceeded
 from corag.errors import InputError
 from corag.executor import Executor
-from corag.lm.base import Completion, ScoreRequest
+from corag.lm.base import Completion, ScoreRequest, WrappedLM
 from corag.prompts import PENALTY_TARGET, penalty_messages, stop_messages
 from corag.types import Hit, Passage, Step, Usage
 
@@ -243,3 +243,85 @@ def test_context_doc_ids_outside_the_corpus_fail_before_any_model_call(hotpot_co
     assert err.value.record == built.examples[1].id
     with pytest.raises(InputError, match="unknown final_docs"):
         chain.check_dataset_docs([], corpus, "oracle")
+
+
+# Generation limits on the real checkpoint: a rambling sub-query is cut to its first line --------------
+
+RAMBLING = (
+    '"Intermediate query 1: What nationality was Scott Derrickson?"\n'
+    "Scott Derrickson is an American director. Ed Wood was also American, so\n\n"
+    "Intermediate answer 1: American"
+)
+
+
+class RamblingSubqueries(WrappedLM):
+    """The real model for every call but call A, whose output is the constructed multi-line text
+    above (charged as the real tokenizer counts it); keeps every generation request."""
+
+    def __init__(self, lm) -> None:
+        super().__init__(lm)
+        self.requests: list = []
+
+    def generate(self, requests):
+        self.requests += requests
+        real = [
+            r for r in requests if not r.messages[-1]["content"].startswith("You are using a search engine")
+        ]
+        done = iter(self.lm.generate(real) if real else [])
+        return [
+            next(done)
+            if r in real
+            else Completion(
+                (RAMBLING,) * r.n,
+                Usage(self.lm.count_prompt_tokens(r.messages), self.lm.count_tokens(RAMBLING) + 1, 1),
+            )
+            for r in requests
+        ]
+
+
+SHORT_PASSAGES = [
+    Passage("0", "Scott Derrickson", "Scott Derrickson is an American director."),
+    Passage("1", "Ed Wood", "Ed Wood was an American filmmaker."),
+    Passage("2", "Doctor Strange", "Doctor Strange is a 2016 film."),
+]
+
+
+def test_a_rambling_subquery_is_cut_to_its_first_line_before_search(smollm2_dir):
+    """On the real checkpoint in bfloat16: the rambling call-A output is searched as its first line,
+    and every call keeps the limits it was given."""
+    from corag.decoding import greedy
+    from corag.lm.hf import HFLM
+    from corag.settings import GenerationLimits
+    from corag.types import Example
+
+    smol = HFLM(smollm2_dir, device="cpu", dtype="bfloat16")
+    assert smol.model.dtype == torch.bfloat16
+    example = Example("q1", "Were Scott Derrickson and Ed Wood of the same nationality?", ("yes",))
+    retriever = RecordingRetriever(SHORT_PASSAGES)
+    lm = RamblingSubqueries(smol)
+    limits = GenerationLimits(
+        subquery_max_new_tokens=48, subanswer_max_new_tokens=6, final_max_new_tokens=5, subanswer_stop=["\n"]
+    )
+    executor = Executor(lm, retriever)
+    run = greedy(executor.context(), example, Corpus(SHORT_PASSAGES), max_steps=1, docs=2, limits=limits)
+    (result,) = executor.run([run])
+    searched = [q for q, k in retriever.queries if k == 5]
+    assert searched == ["What nationality was Scott Derrickson?"] == [s.subquery for s in result.steps]
+    subquery, subanswer, final = lm.requests
+    assert (subquery.max_new_tokens, subanswer.max_new_tokens, final.max_new_tokens) == (48, 6, 5)
+    assert subanswer.stop == ("\n",) and final.stop == ()
+    assert result.usage.completion_tokens <= lm.count_tokens(RAMBLING) + 1 + 6 + 5
+
+
+def test_the_first_line_cut_can_be_turned_off_and_stop_strings_are_sent():
+    from corag.settings import GenerationLimits
+
+    lm = EchoLM(RAMBLING)
+    limits = GenerationLimits(subquery_first_line=False, subquery_stop=["Intermediate answer"])
+    text, _ = one(
+        lm, lambda ctx: chain.next_subquery(ctx, QUERY, STEPS, "answer multi-hop questions", limits=limits)
+    )
+    assert text == chain.parse_subquery(RAMBLING) and "\n" in text  # the release's cleaning only
+    assert lm.requests[0].stop == ("Intermediate answer",)
+    cut, _ = one(lm, lambda ctx: chain.next_subquery(ctx, QUERY, STEPS, "answer multi-hop questions"))
+    assert cut == "What nationality was Scott Derrickson?"
