@@ -274,3 +274,79 @@ def test_a_loaded_qwen2_model_generates_like_transformers() -> None:
     assert completions == [lm.generate([r])[0] for r in requests]
     with pytest.raises(ValueError, match="unknown dtype"):
         HFLM(model, tokenizer, dtype="float8")
+
+
+def test_stop_strings_are_looked_for_in_the_newest_tokens_only(lm: HFLM, monkeypatch) -> None:
+    from corag.lm.hf import STOP_MARGIN
+
+    stops = ("\x00", "~~")  # never written: every step looks
+    requests = [GenerationRequest(m, max_new_tokens=30, temperature=1.0, seed=3, stop=stops) for m in PROMPTS]
+    [expected] = max((lm.generate([r]) for r in requests), key=lambda c: c[0].usage.completion_tokens)
+    request = requests[[lm.generate([r])[0] for r in requests].index(expected)]
+    assert expected.usage.completion_tokens > 2 + STOP_MARGIN, "a long enough generation to see windows"
+    decoded: list[int] = []
+    original = lm.tokenizer.decode
+    monkeypatch.setattr(
+        lm.tokenizer, "decode", lambda ids, **kw: decoded.append(len(ids)) or original(ids, **kw)
+    )
+    assert lm.generate([request]) == [expected]
+    *during, final = decoded  # one window per new token, then the finished text in full
+    assert len(during) == expected.usage.completion_tokens
+    assert max(during) == 2 + STOP_MARGIN and final == expected.usage.completion_tokens
+
+
+class PassSizes:
+    """Records rows x length of the attention mask of every forward pass (prompt and cache together)."""
+
+    def __init__(self, model) -> None:
+        self.sizes: list[tuple[int, int]] = []
+        self.handle = model.register_forward_pre_hook(self.record, with_kwargs=True)
+
+    def record(self, module, args, kwargs) -> None:
+        self.sizes.append(tuple(kwargs["attention_mask"].shape))
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_dir: Path) -> HFLM:
+    return HFLM(smollm2_dir, device="cpu", system_prompt="none")
+
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Who wrote Hamlet?",
+    "Name a planet.",
+    "Which river flows through Cairo, the largest city of Egypt and of the Arab world?",
+    "What colour is the sky on a clear day at noon?",
+    "How many legs does a spider have?",
+]
+
+
+def test_the_token_limit_bounds_every_forward_pass_of_the_real_checkpoint(smol: HFLM) -> None:
+    requests = [GenerationRequest(chat(q), max_new_tokens=5) for q in QUESTIONS]
+    scores = [ScoreRequest(chat(q), "I do not know.") for q in QUESTIONS]
+    free = smol.generate(requests), smol.score(scores)
+    limit = 2 * max(smol.count_prompt_tokens(chat(q)) for q in QUESTIONS) + 10
+    limited = HFLM(smol.model, smol.tokenizer, batch_size=64, max_batch_tokens=limit, system_prompt="none")
+    passes = PassSizes(smol.model)
+    try:
+        bounded = limited.generate(requests), limited.score(scores)
+    finally:
+        passes.handle.remove()
+    assert all(rows * length <= limit for rows, length in passes.sizes)
+    assert max(rows for rows, _ in passes.sizes) >= 2  # batches still form under the limit
+    assert bounded[0] == free[0]
+    for a, b in zip(bounded[1], free[1], strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_bfloat16_generates_and_scores_like_float32(smollm2_dir: Path, smol: HFLM) -> None:
+    half = HFLM(smollm2_dir, device="cpu", dtype="bfloat16", system_prompt="none")
+    assert half.model.dtype == torch.bfloat16 and smol.model.dtype == torch.float32
+    question = chat("What is the capital of France?")
+    [completion] = half.generate([GenerationRequest(question, max_new_tokens=8)])
+    assert "Paris" in completion.texts[0]
+    [low], [full] = (
+        half.score([ScoreRequest(question, "Paris")]),
+        smol.score([ScoreRequest(question, "Paris")]),
+    )
+    assert abs(low.mean - full.mean) < 0.25 and math.isfinite(low.mean)
