@@ -188,7 +188,7 @@ def pick(cls: type[T], source: Any) -> T:
 def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
     """Add a `--field-name` flag for each field of dataclass `cls` (its default and help), so argparse
     commands take the same settings as dataclass ones."""
-    group = parser.add_argument_group(cls.__name__)
+    group = parser.add_argument_group(f"{cls.__name__} (corag.settings)", (cls.__doc__ or "").split("\n")[0])
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:

@@ -261,3 +261,21 @@ def test_chain_settings_hold_only_what_differs_from_the_defaults() -> None:
     assert chain_settings(EngineSettings(dtype="bfloat16", batch_size=3), GenerationLimits()) == {}
     changed = chain_settings(EngineSettings(system_prompt="none"), GenerationLimits(subquery_stop=["\n"]))
     assert changed == {"system_prompt": "none", "subquery_stop": ["\n"]}
+
+
+def test_engine_settings_reach_the_transformers_backend(template_models) -> None:
+    import torch
+
+    settings = EngineSettings(
+        dtype="bfloat16",
+        device="cpu",
+        batch_size=3,
+        max_batch_tokens=500,
+        max_model_len=256,
+        system_prompt="Be brief.",
+    )
+    lm = settings.load(str(template_models["llama3.1"]))
+    assert isinstance(lm, HFLM) and lm.model.dtype == torch.bfloat16
+    assert (lm.batch_size, lm.max_batch_tokens, lm.max_context) == (3, 500, 256)
+    assert lm.renderer.system_prompt == "Be brief." and lm.renderer.template_kwargs == {}
+    assert EngineSettings(device="cpu").load(str(template_models["llama3.1"])).model.dtype == torch.float32

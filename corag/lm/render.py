@@ -99,25 +99,22 @@ class ChatRenderer:
         turn and a user turn shows a turn's closing text (after the last user content) and so the user
         turn's header; the system turn's header is the same with "system" for "user"."""
         one, two, three = PROBES
-        text = self._apply(
-            [
-                {"role": "user", "content": one},
-                {"role": "assistant", "content": two},
-                {"role": "user", "content": three},
-            ],
-            False,
-        )
-        closing = text[text.index(three) + len(three) :]
-        between = text[text.index(two) + len(two) : text.index(three)]
-        if not closing or not between.startswith(closing):
+        probe = [("user", one), ("assistant", two), ("user", three)]
+        try:
+            text = self._apply([{"role": role, "content": content} for role, content in probe], False)
+            closing = text[text.index(three) + len(three) :]
+            between = text[text.index(two) + len(two) : text.index(three)]
+            if not closing or not between.startswith(closing):
+                raise ValueError("turns close unlike each other")
+            header = between[len(closing) :]
+            prefix = text[: text.index(header + one)]
+        except Exception as error:  # the template refused the probe, or it does not show its turns
             raise InputError(
-                "cannot tell where this chat template's turns begin, so its default system turn cannot be "
-                "dropped; use system_prompt default or a text",
+                f"cannot tell where this chat template's turns begin ({error}), so its default system turn "
+                "cannot be dropped; use system_prompt default or a text",
                 file=name or None,
                 field="system_prompt",
-            )
-        header = between[len(closing) :]
-        prefix = text[: text.index(header + one)]
+            ) from None
         system_header = header.replace("user", "system", 1)
         if system_header in prefix:  # keep what comes before the system turn (a begin-of-text token)
             return prefix, prefix[: prefix.index(system_header)]
