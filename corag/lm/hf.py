@@ -160,14 +160,14 @@ class HFLM(CountingLM):
         """Indices of (prompt tokens, new tokens) items, longest prompt first, cut into micro-batches
         within `batch_size` rows and `max_batch_tokens` tokens (rows x (longest prompt + most new))."""
         order = sorted(range(len(sizes)), key=lambda i: -sizes[i][0])
-        limit = self.max_batch_tokens or UNBOUNDED**2
+        limit = self.max_batch_tokens
         batches: list[list[int]] = []
         batch: list[int] = []
         width = new = 0
         for i in order:
             prompt, extra = sizes[i]
             grown = (len(batch) + 1) * (max(width, prompt) + max(new, extra))
-            if batch and (len(batch) >= self.batch_size or grown > limit):
+            if batch and (len(batch) >= self.batch_size or (limit is not None and grown > limit)):
                 batches.append(batch)
                 batch, width, new = [], 0, 0
             batch.append(i)
