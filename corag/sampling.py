@@ -280,6 +280,29 @@ def config_hash(values: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def model_fingerprint(model: str) -> str:
+    """What identifies a model wherever its folder lives: its config, tokenizer and chat template files
+    and the names and sizes of its weight files (a hub name stands for itself)."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return model
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        if path.suffix in (".safetensors", ".bin", ".pt", ".gguf"):
+            h.update(f"{path.name}:{path.stat().st_size}\n".encode())
+        elif path.suffix in (".json", ".jinja", ".model", ".txt"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def questions_fingerprint(examples: Sequence[Example]) -> str:
+    """What identifies a question set wherever its file lives: every id, query and answer, in order."""
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(json.dumps([e.id, e.query, list(e.answers)], ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
 def shard_blocks(
     examples: Sequence[Example], block_size: int, shard: int = 0, num_shards: int = 1
 ) -> list[list[Example]]:
@@ -440,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     from corag.data.corpus import Corpus
     from corag.data.formats import load_examples
     from corag.lm import load_lm
-    from corag.retrieval import load_retriever
+    from corag.retrieval import index_fingerprint, load_retriever
 
     corpus = Corpus.load(args.corpus)
     errors: list[InputError] = []
@@ -448,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     examples = load_examples(
         args.questions, args.fmt, **options, **({"errors": errors} if args.skip_invalid else {})
     )
+    questions_id = questions_fingerprint(examples)  # before --limit: a longer run resumes a shorter one
     if args.limit is not None:
         examples = examples[: args.limit]
     examples, skipped = validate_questions(examples, corpus, args.questions, args.skip_invalid, errors)
@@ -460,6 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     lm = load_lm(args.model, args.backend, **lm_kwargs)
     retriever = load_retriever(args.retriever)
+    # The resume hash names what changes the chains, not where things live: a moved checkpoint,
+    # questions file, index folder or service URL resumes the same run.
+    index_id = (
+        retriever.fingerprint() if hasattr(retriever, "fingerprint") else index_fingerprint(args.retriever)
+    )
     sampling = {f.name: getattr(args, f.name) for f in SamplingConfig.__dataclass_fields__.values()}
     out_path = shard_path(Path(args.out_dir), args.shard, args.num_shards)
     summary = run_sampling(
@@ -469,7 +498,11 @@ def main(argv: list[str] | None = None) -> int:
         retriever,
         SamplingConfig(**sampling),
         out_path,
-        hash_inputs={"model": args.model, "questions": args.questions, "retriever": args.retriever},
+        hash_inputs={
+            "model": model_fingerprint(args.model),
+            "questions": questions_id,
+            "retriever": index_id,
+        },
         block_size=args.block_size,
         shard=args.shard,
         num_shards=args.num_shards,
