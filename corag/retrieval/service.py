@@ -22,7 +22,8 @@ import os
 import sys
 import threading
 import time
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -54,25 +55,43 @@ class _Pending:
 
 
 class Batcher:
-    """Collects concurrent requests and runs them as one `retriever.search` call in a worker thread."""
+    """Collects concurrent requests and runs them as one `retriever.search` call in a worker thread.
 
-    def __init__(self, retriever: Retriever, max_batch: int = 256, max_wait_s: float = 0.002) -> None:
+    A batch waits for company only while other requests are on their way in (their bodies being read
+    inside `arriving()`), and never longer than `max_wait_s`: a lone client pays no wait at all."""
+
+    def __init__(self, retriever: Retriever, max_batch: int = 256, max_wait_s: float = 0.005) -> None:
         self.retriever, self.max_batch, self.max_wait_s = retriever, max_batch, max_wait_s
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self.searches = 0
         self.queries = 0
+        self.incoming = 0  # requests being read and checked, about to be queued
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Marks a request on its way to `search` (the batch being collected may wait for it)."""
+        self.incoming += 1
+        try:
+            yield
+        finally:
+            self.incoming -= 1
 
     async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Pending(queries, k, future))
+        self.queue.put_nowait(_Pending(queries, k, future))
         return await future
 
     async def _collect(self) -> list[_Pending]:
         batch = [await self.queue.get()]
         size = len(batch[0].queries)
-        deadline = asyncio.get_running_loop().time() + self.max_wait_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_s
         while size < self.max_batch:
-            timeout = deadline - asyncio.get_running_loop().time()
+            if self.queue.empty() and not self.incoming:
+                await asyncio.sleep(0)  # let requests that just came in start
+                if self.queue.empty() and not self.incoming:
+                    break
+            timeout = deadline - loop.time()
             try:
                 item = (
                     self.queue.get_nowait()
@@ -138,7 +157,7 @@ def create_app(
     max_k: int = 1000,
     max_body_bytes: int = 1 << 20,
     max_batch: int = 256,
-    max_wait_ms: float = 2.0,
+    max_wait_ms: float = 5.0,
     official_k: int = 5,
     fingerprint: str = "",
 ) -> FastAPI:
@@ -169,25 +188,27 @@ def create_app(
 
     @app.post("/")
     async def official(request: Request) -> JSONResponse:
-        body = await _read_body(request, max_body_bytes)
-        if body is None:
-            return _error(413, f"request body over {max_body_bytes} bytes")
-        try:
-            req = OfficialRequest.model_validate_json(body)
-        except ValidationError as e:
-            return _invalid(e)
+        with batcher.arriving():
+            body = await _read_body(request, max_body_bytes)
+            if body is None:
+                return _error(413, f"request body over {max_body_bytes} bytes")
+            try:
+                req = OfficialRequest.model_validate_json(body)
+            except ValidationError as e:
+                return _invalid(e)
         (row,) = await batcher.search([req.query], official_k)
         return JSONResponse(_hits_json(row))
 
     @app.post("/search")
     async def search(request: Request) -> JSONResponse:
-        body = await _read_body(request, max_body_bytes)
-        if body is None:
-            return _error(413, f"request body over {max_body_bytes} bytes")
-        try:
-            req = SearchRequest.model_validate_json(body)
-        except ValidationError as e:
-            return _invalid(e)
+        with batcher.arriving():
+            body = await _read_body(request, max_body_bytes)
+            if body is None:
+                return _error(413, f"request body over {max_body_bytes} bytes")
+            try:
+                req = SearchRequest.model_validate_json(body)
+            except ValidationError as e:
+                return _invalid(e)
         if len(req.queries) > max_queries:
             return _error(413, f"{len(req.queries)} queries in one request; at most {max_queries}")
         if not 1 <= req.k <= max_k:
@@ -272,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-k", type=int, default=1000)
     ap.add_argument("--max-body-bytes", type=int, default=1 << 20)
     ap.add_argument("--max-batch", type=int, default=256, help="most queries coalesced into one search")
-    ap.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for company")
+    ap.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        help="longest a batch waits for requests still being read (none: no wait)",
+    )
     ap.add_argument("--official-k", type=int, default=5, help="top-k of the official API (POST /)")
     ap.add_argument(
         "--workers", type=int, default=1, help="processes behind the address (each loads the index)"

@@ -258,3 +258,14 @@ def test_serve_retriever_with_several_workers(toy_world, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_lone_request_does_not_wait_for_company(bm25):
+    """The coalescing wait applies only while other requests are on their way in: with a wait of a
+    minute, one client's requests still come back (within the 20 s client timeout)."""
+    counting = CountingRetriever(bm25)
+    with BackgroundServer(create_app(counting, max_wait_ms=60_000)) as s:
+        with RetrieverClient(s.url, timeout=20, retries=0) as client:
+            for query in ["What is the country of Netu?", "Who founded Fithudus?"]:
+                assert client.search([query], 3) == bm25.search([query], 3)
+    assert counting.sizes == [1, 1]
