@@ -327,8 +327,12 @@ def run_sampling(
     shard: int = 0,
     num_shards: int = 1,
     progress: bool = True,
+    dedup: bool = True,
 ) -> dict[str, Any]:
     """Sample this shard's questions not yet in `out_path`, one block at a time; return the summary.
+
+    With `dedup`, identical greedy or seeded calls are computed once (the records do not change);
+    the summary's `dedup_saved_share` is the share of prompt tokens this saved.
 
     A block's records are appended (whole lines, flushed and synced) when the block finishes. A block
     that a crash interrupted is sampled again in full, and only its missing records are written.
@@ -351,7 +355,7 @@ def run_sampling(
             if any(e.id not in done for e in b)
         ]
         todo = sum(len(b) for b in blocks)
-        executor = Executor(lm, retriever, max_active=block_size)
+        executor = Executor(lm, retriever, max_active=block_size, dedup=dedup)
         start, tokens, chains = time.perf_counter(), 0, 0
         bar = tqdm(total=todo, desc="sampling", unit="q", disable=not progress, file=sys.stderr)
         for block in blocks:
@@ -370,6 +374,8 @@ def run_sampling(
     records = read_jsonl(out_path)
     summary = summarize(records)
     summary.update(resumed_from=len(done), sampled_now=todo, dropped_partial_lines=out.dropped)
+    stats = executor.dedup_stats
+    summary["dedup_saved_share"] = stats["saved_prompt_tokens"] / max(stats["prompt_tokens"], 1)
     return summary
 
 

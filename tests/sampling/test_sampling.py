@@ -341,3 +341,21 @@ def test_resume_survives_moved_model_questions_index_and_a_service_url(setup, re
     (moved / "questions.jsonl").write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
     with pytest.raises(InputError, match="another config"):
         main([*args, "--retriever", str(moved / "bm25")])
+
+
+def test_identical_calls_computed_once_give_the_same_records(setup, tmp_path):
+    corpus = Corpus.load(setup["toy_dir"] / "corpus.jsonl")
+    examples = load_examples(setup["questions"])[:6]
+    lm = load_lm(setup["model"], batch_size=32)
+    retriever = BM25Retriever.load(setup["root"] / "bm25")
+    # near-greedy sub-queries: chains ask the same questions, so sub-answers and scorings repeat
+    config = SamplingConfig(num_chains=4, max_length=3, temperature=0.05, keep_candidates=True)
+    runs = {}
+    for dedup in (False, True):
+        path = tmp_path / f"chains-{dedup}.jsonl"
+        summary = run_sampling(
+            examples, corpus, lm, retriever, config, path, block_size=3, progress=False, dedup=dedup
+        )
+        runs[dedup] = (path.read_bytes(), summary["dedup_saved_share"])
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][1] > 0 and runs[False][1] == 0
