@@ -448,7 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse predictions missing questions (default: they count 0)",
     )
     p.add_argument("--model", help="checkpoint folder (or hub name)")
-    p.add_argument("--backend", default="hf", choices=["hf", "vllm"])
+    p.add_argument("--backend", default="hf", choices=["hf", "vllm", "openai"])
+    p.add_argument("--base-url", default=None, help="openai backend: server URL(s), comma-separated")
     p.add_argument("--corpus", help="corpus file or folder")
     p.add_argument("--retriever", help="index folder from `corag index`, or a service URL")
     p.add_argument(
@@ -527,7 +528,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"final-answer documents: the data's context_doc_ids for {given} of {len(examples)} question(s)"
         )
-    lm, retriever = load_lm(args.model, args.backend), load_retriever(args.retriever)
+    lm_kwargs = {"base_url": args.base_url or ""} if args.backend == "openai" else {}
+    lm, retriever = load_lm(args.model, args.backend, **lm_kwargs), load_retriever(args.retriever)
     extra: dict[str, Any] = {}
     if args.demonstrations:
         from corag.methods.demos import load_demonstrations

@@ -440,7 +440,8 @@ class SamplingArguments(SamplingConfig):
         metadata={"help": "task of the questions (default: the records' own, else the file name's)"},
     )
     aliases: str | None = field(default=None, metadata={"help": "2WikiMultihopQA id_aliases.json"})
-    backend: str = field(default="hf", metadata={"help": "hf or vllm"})
+    backend: str = field(default="hf", metadata={"help": "hf, vllm or openai (running servers, --base_url)"})
+    base_url: str = field(default="", metadata={"help": "openai backend: server URL(s), comma-separated"})
     tensor_parallel_size: int = 1
     batch_size: int = field(default=64, metadata={"help": "sequences per forward pass (hf backend)"})
     block_size: int = field(
@@ -488,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.backend == "hf"
         else {"tensor_parallel_size": args.tensor_parallel_size}
     )
+    if args.backend == "openai":
+        lm_kwargs = {"base_url": args.base_url}
     lm = load_lm(args.model, args.backend, **lm_kwargs)
     retriever = load_retriever(args.retriever)
     # The resume hash names what changes the chains, not where things live: a moved checkpoint,

@@ -30,7 +30,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="corag predict", description="Run a CoRAG decoding strategy over questions."
     )
     p.add_argument("--model", required=True, help="checkpoint folder (chat model)")
-    p.add_argument("--backend", default="hf", choices=["hf", "vllm"])
+    p.add_argument("--backend", default="hf", choices=["hf", "vllm", "openai"])
+    p.add_argument("--base-url", default=None, help="openai backend: server URL(s), comma-separated")
     p.add_argument("--device", default=None, help="hf backend device (default: cuda if available)")
     p.add_argument("--data", required=True, help="questions file (plain JSONL or a benchmark format)")
     p.add_argument("--format", default=None, help="questions format (default: detected from the file)")
@@ -154,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         f"final-answer documents: the data's context_doc_ids for {given} question(s), searched for the rest"
     )
     lm_kwargs = {"device": args.device} if args.backend == "hf" and args.device else {}
+    if args.backend == "openai":
+        lm_kwargs = {"base_url": args.base_url or ""}
     lm = load_lm(args.model, backend=args.backend, **lm_kwargs)
     retriever = load_retriever(args.index or args.retriever_url)
     strategy, kwargs = get_strategy(args.strategy), strategy_kwargs(args)
