@@ -13,13 +13,9 @@ from the first result (the same texts, log-probabilities and usage, so meters an
 they would see without it); repeated queries in a search batch are searched once. Unseeded sampling
 is never reused. `dedup_stats` says how many prompt tokens this saved.
 
-On vLLM the stepped waves leave the GPU idle while searches run and while a wave waits for its
-slowest sequence. The asynchronous design that removes this keeps strategies unchanged: each
-question's coroutine runs as an asyncio task whose `ctx.generate` / `ctx.score` submit to vLLM's
-AsyncLLMEngine at once and whose `ctx.search` goes to a search thread that coalesces queries as the
-retrieval service does; records are still yielded in question order (a small reorder buffer) and
-resume is unchanged. This module stays the stepped, deterministic executor for the transformers
-backend and for tests.
+The stepped waves leave the model idle while searches run, and each wave waits for its slowest call;
+corag.async_executor runs the same strategies as asyncio tasks instead (calls submitted as questions
+reach them, searches overlapping generation). This executor stays the stepped, deterministic one.
 """
 
 from __future__ import annotations
@@ -62,10 +58,22 @@ class _Suspend:
 class Context:
     """What a strategy may do for one question: model calls, searches, concurrency; all metered."""
 
-    def __init__(self, lm: LM, retriever: Retriever | None = None, meter: Meter | None = None) -> None:
+    def __init__(
+        self,
+        lm: LM,
+        retriever: Retriever | None = None,
+        meter: Meter | None = None,
+        submit: Callable[[_Op], Awaitable[Any]] | None = None,
+    ) -> None:
         self.lm = lm
         self.retriever = retriever
         self.meter = meter or Meter()
+        self._submit = submit  # set by the asyncio executor (corag.async_executor); None: stepped
+
+    async def _call(self, op: _Op) -> Any:
+        if self._submit is None:
+            return await _Suspend(op)
+        return await self._submit(op)
 
     async def generate(self, request: GenerationRequest, *, final: bool = False) -> Completion:
         """Generate, charged to this question. Raises BudgetExceeded before starting a call that
@@ -77,7 +85,7 @@ class Context:
             self.meter.check(worst, final=final)
         self.meter.pending += worst
         try:
-            completion: Completion = await _Suspend(_Op("generate", request))
+            completion: Completion = await self._call(_Op("generate", request))
         finally:  # also when the call is cancelled by a failing sibling in a gather
             self.meter.pending -= worst
         self.meter.charge(completion.usage)
@@ -91,7 +99,7 @@ class Context:
             self.meter.check(worst, final=final)
         self.meter.pending += worst
         try:
-            result: Score = await _Suspend(_Op("score", request))
+            result: Score = await self._call(_Op("score", request))
         finally:
             self.meter.pending -= worst
         self.meter.charge(result.usage)
@@ -101,12 +109,16 @@ class Context:
         """Top-k hits for one query (searches cost no tokens)."""
         if self.retriever is None:
             raise RuntimeError("this strategy needs a retriever, but none was given")
-        return await _Suspend(_Op("search", (query, k)))
+        return await self._call(_Op("search", (query, k)))
 
     async def gather(self, *coros: Awaitable[Any]) -> list[Any]:
         """Run several coroutines of this question concurrently; results in argument order."""
         if not coros:
             return []
+        if self._submit is not None:
+            from corag.async_executor import gather_cancelling
+
+            return await gather_cancelling(coros)
         return await _Suspend(_Gather(list(coros)))  # type: ignore[arg-type]
 
 
