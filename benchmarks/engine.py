@@ -12,7 +12,11 @@ dedup: sampling on the toy world (tiny Llama, BM25, transformers backend) with t
 identical-request reuse on and off: the share of prompt tokens it saves (`dedup_saved_share`) and
 whether the records are identical (`dedup_identical`).
 
-Run: python benchmarks/engine.py [--parts service,dedup] [--clients 16] [--requests 40]
+async: greedy decoding (L=3) of the same questions with the stepped executor and the asyncio one
+(corag.async_executor), same backend: questions/s (`async_speedup`) and identical predictions
+(`async_identical`).
+
+Run: python benchmarks/engine.py [--parts service,dedup,async] [--clients 16] [--requests 40]
 Only loopback traffic; every loop is bounded. The last printed line is one JSON object.
 """
 
@@ -148,19 +152,32 @@ def bench_service(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def bench_dedup(args: argparse.Namespace) -> dict[str, Any]:
-    """Sampling with identical requests computed once, against every request computed."""
+def toy_setup() -> tuple[Any, Any, Any, Any, Path]:
+    """The tiny Llama (taught to end its turns), BM25 and corpus of a toy world, and its questions."""
     import torch
 
     from corag.data.corpus import Corpus
     from corag.data.toyworld import generate_world, tokenizer_texts
     from corag.lm import load_lm
-    from corag.lm.base import WrappedLM
     from corag.retrieval.bm25 import BM25Retriever
-    from corag.sampling import SamplingConfig, run_sampling
     from corag.tinymodel import build_tiny_model, save_tiny, teach_turn_ends, train_tokenizer
 
     torch.set_num_threads(1)
+    world = generate_world(seed=0, num_entities=120, num_distractors=30, train_per_hop=10, test_per_hop=20)
+    folder = Path(tempfile.mkdtemp(prefix="corag-bench-engine-"))
+    world.write(folder / "world")
+    tokenizer = train_tokenizer(tokenizer_texts(world))
+    model = build_tiny_model(tokenizer, seed=0)
+    teach_turn_ends(model, tokenizer, world, 30)
+    lm = load_lm(save_tiny(folder / "model", model, tokenizer), backend="hf", device="cpu")
+    corpus = Corpus.load(folder / "world" / "corpus.jsonl")
+    return lm, BM25Retriever.from_passages(world.passages), corpus, world, folder
+
+
+def bench_dedup(args: argparse.Namespace, setup: tuple) -> dict[str, Any]:
+    """Sampling with identical requests computed once, against every request computed."""
+    from corag.lm.base import WrappedLM
+    from corag.sampling import SamplingConfig, run_sampling
 
     class PromptTokens(WrappedLM):
         """Counts the prompt tokens the backend actually computes."""
@@ -177,18 +194,10 @@ def bench_dedup(args: argparse.Namespace) -> dict[str, Any]:
             self.tokens += sum(self.lm.count_score_tokens(r) for r in requests)
             return self.lm.score(requests)
 
-    world = generate_world(seed=0, num_entities=120, num_distractors=30, train_per_hop=10, test_per_hop=5)
-    folder = Path(tempfile.mkdtemp(prefix="corag-bench-engine-"))
-    world.write(folder / "world")
-    tokenizer = train_tokenizer(tokenizer_texts(world))
-    model = build_tiny_model(tokenizer, seed=0)
-    teach_turn_ends(model, tokenizer, world, 30)
-    base = load_lm(save_tiny(folder / "model", model, tokenizer), backend="hf", device="cpu")
-    corpus = Corpus.load(folder / "world" / "corpus.jsonl")
-    retriever = BM25Retriever.from_passages(world.passages)
+    base, retriever, corpus, world, folder = setup
     questions = world.train[: args.dedup_questions]
     config = SamplingConfig(num_chains=4, max_length=3, temperature=0.7)
-    out: dict[str, Any] = {}
+    out: dict[bool, tuple[int, bytes]] = {}
     for dedup in (False, True):
         lm = PromptTokens(base)
         path = folder / f"chains-{dedup}.jsonl"
@@ -205,9 +214,37 @@ def bench_dedup(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def bench_async(args: argparse.Namespace, setup: tuple) -> dict[str, Any]:
+    """Greedy decoding (L=3) of the same questions with the stepped and the asyncio executor."""
+    from corag.async_executor import AsyncExecutor
+    from corag.decoding import STRATEGIES
+    from corag.executor import Executor
+
+    lm, retriever, corpus, world, _ = setup
+    questions = world.test[: args.async_questions]
+    timings, outputs = {}, {}
+    for name, cls in (("stepped", Executor), ("async", AsyncExecutor), ("stepped_again", Executor)):
+        executor = cls(lm, retriever, dedup=False)
+        start = time.perf_counter()
+        results = executor.run(
+            [STRATEGIES["greedy"](executor.context(), q, corpus, max_steps=3) for q in questions]
+        )
+        timings[name] = time.perf_counter() - start
+        outputs[name] = [(r.steps, r.prediction) for r in results]
+    stepped = min(timings["stepped"], timings["stepped_again"])  # the better of two, around the async run
+    return {
+        "async_questions": len(questions),
+        "async_qps": len(questions) / timings["async"],
+        "stepped_qps": len(questions) / stepped,
+        "async_speedup": stepped / timings["async"],
+        "async_identical": outputs["async"] == outputs["stepped"] == outputs["stepped_again"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="service,dedup", help="comma-separated: service, dedup")
+    ap.add_argument("--parts", default="service,dedup,async", help="comma-separated: service, dedup, async")
+    ap.add_argument("--async-questions", type=int, default=32)
     ap.add_argument("--rows", type=int, default=20_000, help="passage vectors of the service's index")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--requests", type=int, default=40, help="requests per concurrent client")
@@ -231,8 +268,15 @@ def main() -> None:
             f"{result['service_p50_ms']:.0f} ms, p99 {result['service_p99_ms']:.0f} ms, mean batch "
             f"{result['service_mean_batch']:.1f}, errors {result['service_errors']}"
         )
+    setup = toy_setup() if parts & {"dedup", "async"} else None
+    if "async" in parts:
+        result |= bench_async(args, setup)
+        print(
+            f"async: {result['async_qps']:.2f} q/s against stepped {result['stepped_qps']:.2f} q/s, "
+            f"{result['async_speedup']:.2f}x, identical {result['async_identical']}"
+        )
     if "dedup" in parts:
-        result |= bench_dedup(args)
+        result |= bench_dedup(args, setup)
         print(
             f"dedup: {result['dedup_saved_share']:.1%} of prompt tokens saved, identical "
             f"{result['dedup_identical']}"
