@@ -124,7 +124,11 @@ def test_shard_names_do_not_depend_on_the_hardware(cluster):
 
 
 def test_cpu_only_node_runs_one_engine(cluster, tmp_path):
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}  # no nvidia-smi
+    broken = tmp_path / "no-gpu"
+    broken.mkdir()
+    (broken / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    (broken / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{broken}:{Path(sys.executable).parent}:/usr/bin:/bin"}  # a driver-less node
     done = launch(cluster, env=env)
     assert done.returncode == 0, done.stderr
     rows = records(cluster)
