@@ -16,8 +16,9 @@ batch token by token, is the next step; it needs only another `_Queue.call`.
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import Any
 
 from corag.budget import Meter
@@ -123,7 +124,31 @@ class AsyncExecutor:
         """Run all coroutines to completion; results in input order."""
         return asyncio.run(self._run(list(coros)))
 
-    async def _run(self, coros: list[Coroutine[Any, Any, Any]]) -> list[Any]:
+    def stream(self, coros: Iterable[Coroutine[Any, Any, Any]]) -> Iterator[tuple[int, Any]]:
+        """Yield (index, result) as each question finishes (the loop runs in a thread meanwhile);
+        a failure is raised here after the run has stopped."""
+        finished: queue.Queue = queue.Queue()
+        done = object()
+
+        def work() -> None:
+            try:
+                asyncio.run(self._run(list(coros), lambda i, r: finished.put((i, r))))
+                finished.put(done)
+            except BaseException as error:  # handed to the consuming thread
+                finished.put(error)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        while (item := finished.get()) is not done:
+            if isinstance(item, BaseException):
+                thread.join()
+                raise item
+            yield item
+        thread.join()
+
+    async def _run(
+        self, coros: list[Coroutine[Any, Any, Any]], on_result: Callable[[int, Any], None] | None = None
+    ) -> list[Any]:
         self._queues = {
             "generate": _Queue(self._model_call("generate")),
             "score": _Queue(self._model_call("score")),
@@ -135,6 +160,8 @@ class AsyncExecutor:
         async def one(index: int, coro: Coroutine[Any, Any, Any]) -> None:
             try:
                 results[index] = await coro
+                if on_result is not None:
+                    on_result(index, results[index])
             finally:
                 slots.release()
 

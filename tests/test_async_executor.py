@@ -74,3 +74,38 @@ def test_greedy_predictions_equal_the_stepped_executor_on_the_tiny_model(
         runs = [STRATEGIES["greedy"](executor.context(), q, corpus, max_steps=2) for q in questions]
         results.append([(r.steps, r.prediction, r.usage) for r in executor.run(runs)])
     assert results[0] == results[1]
+
+
+def test_stream_yields_every_question_once_and_raises_failures():
+    stepped = Executor(ScriptedLM(), ScriptedRetriever())
+    want = stepped.run([fan_out(stepped.context(), i) for i in range(5)])
+    ex = AsyncExecutor(ScriptedLM(), ScriptedRetriever(), max_active=2)
+    got = dict(ex.stream(fan_out(ex.context(), i) for i in range(5)))
+    assert [got[i] for i in range(5)] == want
+    with pytest.raises(ValueError, match="failed"):
+        list(ex.stream([three_turns(ex.context(), 0), failing_child(ex.context(), 1)]))
+
+
+def test_predict_with_the_async_executor_writes_the_stepped_predictions(
+    short_model_dir, toy_dir, toy_world, tmp_path
+):
+    import json
+
+    from corag.decoding.predict import main
+    from corag.retrieval.bm25 import build_bm25_folder
+
+    build_bm25_folder([toy_world.passages], tmp_path / "bm25")
+    common = [
+        "--model", str(short_model_dir), "--device", "cpu", "--data", str(toy_dir / "test.jsonl"),
+        "--corpus", str(toy_dir / "corpus.jsonl"), "--index", str(tmp_path / "bm25"), "--limit", "4",
+        "--strategy", "best_of_n", "--n", "2", "--max-steps", "2",
+    ]  # fmt: skip
+    runs = {}
+    for executor in ("stepped", "async"):
+        out = tmp_path / executor / "predictions.jsonl"
+        assert main([*common, "--executor", executor, "--out", str(out)]) == 0
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        runs[executor] = sorted(
+            ((r["query_id"], r["subqueries"], r["subanswers"], r["predictions"]) for r in records),
+        )
+    assert runs["async"] == runs["stepped"] and len(runs["async"]) == 4
