@@ -37,7 +37,12 @@ def timed(lm: Any, retriever: Any, corpus: Corpus, questions: list, name: str, m
     results: list[DecodeResult] = executor.run(
         [strategy(executor.context(), q, corpus, **kw) for q in questions]
     )
-    return results, time.perf_counter() - start, time.process_time() - cpu, dict(executor.batches)
+    stats = executor.dedup_stats
+    batches = {
+        **executor.batches,
+        "dedup_saved_share": stats["saved_prompt_tokens"] / max(stats["prompt_tokens"], 1),
+    }
+    return results, time.perf_counter() - start, time.process_time() - cpu, batches
 
 
 def same(a: list[DecodeResult], b: list[DecodeResult]) -> bool:
@@ -92,6 +97,7 @@ def main() -> None:
         figures[f"{label}_speedup"] = round(qps_b / qps_s, 2)
         figures[f"{label}_cpu_speedup"] = round(cpu_ratio, 2)
         figures[f"{label}_identical"] = identical
+        figures[f"{label}_dedup_saved_share"] = round(batches.pop("dedup_saved_share"), 4)
         figures[f"{label}_qps"] = round(qps_b, 3)
         figures[f"{label}_qps_one_at_a_time"] = round(qps_s, 3)
         figures[f"{label}_baseline_questions"] = baseline

@@ -4,7 +4,9 @@ Toy-world training questions, the tiny Llama (trained a few steps so it ends its
 Both runs sample the same chains (4 per question, lengths 1..3); the batched run keeps every question
 in flight at once, the baseline one (its own chains still batched together, as a question issues
 them). Reports chains/s of both, whether the two outputs are byte-identical, and the share of the
-batched run's time spent scoring (gold-answer likelihoods). The last line is JSON.
+batched run's time spent scoring (gold-answer likelihoods) and the share of prompt tokens that identical
+calls computed once saved (`dedup_saved_share`; benchmarks/engine.py checks the records do not change).
+The last line is JSON.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ def main() -> None:
         "identical": same_chains(batched["bytes"], single["bytes"]),
         "byte_identical": batched["bytes"] == single["bytes"],
         "scoring_share": round(batched["seconds"]["score"] / batched["wall"], 3),
+        "dedup_saved_share": round(batched["summary"]["dedup_saved_share"], 4),
         "chains_per_s": round(len(questions) * args.chains / batched["wall"], 2),
         "chains_per_s_one_at_a_time": round(len(questions) * args.chains / single["wall"], 2),
         "questions": len(questions),

@@ -6,11 +6,22 @@ drives all active strategies until each waits on a call, then sends every pendin
 `lm.generate` batch, every pending scoring in one `lm.score` batch and every pending search in one
 `retriever.search` batch, and resumes the strategies with their results. No threads, no event loop:
 the coroutines are stepped by hand, so a run is deterministic.
+
+Identical requests are computed once (`dedup`, on by default): a generation that is greedy or
+seeded, or a scoring, that repeats one already sent in the same batch or in an earlier one is served
+from the first result (the same texts, log-probabilities and usage, so meters and budgets see what
+they would see without it); repeated queries in a search batch are searched once. Unseeded sampling
+is never reused. `dedup_stats` says how many prompt tokens this saved.
+
+The stepped waves leave the model idle while searches run, and each wave waits for its slowest call;
+corag.async_executor runs the same strategies as asyncio tasks instead (calls submitted as questions
+reach them, searches overlapping generation). This executor stays the stepped, deterministic one.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+import json
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,10 +58,22 @@ class _Suspend:
 class Context:
     """What a strategy may do for one question: model calls, searches, concurrency; all metered."""
 
-    def __init__(self, lm: LM, retriever: Retriever | None = None, meter: Meter | None = None) -> None:
+    def __init__(
+        self,
+        lm: LM,
+        retriever: Retriever | None = None,
+        meter: Meter | None = None,
+        submit: Callable[[_Op], Awaitable[Any]] | None = None,
+    ) -> None:
         self.lm = lm
         self.retriever = retriever
         self.meter = meter or Meter()
+        self._submit = submit  # set by the asyncio executor (corag.async_executor); None: stepped
+
+    async def _call(self, op: _Op) -> Any:
+        if self._submit is None:
+            return await _Suspend(op)
+        return await self._submit(op)
 
     async def generate(self, request: GenerationRequest, *, final: bool = False) -> Completion:
         """Generate, charged to this question. Raises BudgetExceeded before starting a call that
@@ -62,7 +85,7 @@ class Context:
             self.meter.check(worst, final=final)
         self.meter.pending += worst
         try:
-            completion: Completion = await _Suspend(_Op("generate", request))
+            completion: Completion = await self._call(_Op("generate", request))
         finally:  # also when the call is cancelled by a failing sibling in a gather
             self.meter.pending -= worst
         self.meter.charge(completion.usage)
@@ -76,7 +99,7 @@ class Context:
             self.meter.check(worst, final=final)
         self.meter.pending += worst
         try:
-            result: Score = await _Suspend(_Op("score", request))
+            result: Score = await self._call(_Op("score", request))
         finally:
             self.meter.pending -= worst
         self.meter.charge(result.usage)
@@ -86,12 +109,16 @@ class Context:
         """Top-k hits for one query (searches cost no tokens)."""
         if self.retriever is None:
             raise RuntimeError("this strategy needs a retriever, but none was given")
-        return await _Suspend(_Op("search", (query, k)))
+        return await self._call(_Op("search", (query, k)))
 
     async def gather(self, *coros: Awaitable[Any]) -> list[Any]:
         """Run several coroutines of this question concurrently; results in argument order."""
         if not coros:
             return []
+        if self._submit is not None:
+            from corag.async_executor import gather_cancelling
+
+            return await gather_cancelling(coros)
         return await _Suspend(_Gather(list(coros)))  # type: ignore[arg-type]
 
 
@@ -126,13 +153,24 @@ class Executor:
     so a caller can write them to disk as it goes. `max_active=1` runs one question at a time.
     """
 
-    def __init__(self, lm: LM, retriever: Retriever | None = None, max_active: int = 256) -> None:
+    def __init__(
+        self,
+        lm: LM,
+        retriever: Retriever | None = None,
+        max_active: int = 256,
+        dedup: bool = True,
+        cache_size: int = 65536,
+    ) -> None:
         if max_active < 1:
             raise ValueError(f"max_active must be at least 1, got {max_active}")
         self.lm = lm
         self.retriever = retriever
         self.max_active = max_active
         self.batches: dict[str, int] = defaultdict(int)  # backend calls made, by kind
+        self.dedup, self.cache_size = dedup, cache_size
+        self._cache: OrderedDict[str, Any] = OrderedDict()  # request key -> first result (LRU)
+        # prompt tokens asked for by generations and scorings, and those served from earlier results
+        self.dedup_stats = {"prompt_tokens": 0, "saved_prompt_tokens": 0, "reused_calls": 0}
 
     def context(self, budget: int | None = None) -> Context:
         """A fresh Context for one question, with its own meter and optional token budget."""
@@ -244,20 +282,80 @@ class Executor:
             by_kind[op.kind].append((task, op))
         resumed: list[tuple[_Task, Any, None]] = []
         for kind, items in by_kind.items():
-            self.batches[kind] += 1
             payloads = [op.payload for _, op in items]
-            if kind == "generate":
-                outputs: list[Any] = self.lm.generate(payloads)
-            elif kind == "score":
-                outputs = self.lm.score(payloads)
+            if kind == "search":
+                self.batches[kind] += 1
+                outputs: list[Any] = self._search(payloads)
             else:
-                outputs = self._search(payloads)
+                outputs = self._model_calls(kind, payloads)
             resumed.extend((task, out, None) for (task, _), out in zip(items, outputs, strict=True))
         return resumed
 
+    def _model_calls(self, kind: str, payloads: list[Any]) -> list[Any]:
+        """One batched `generate` or `score` call over the requests not already answered."""
+        call = self.lm.generate if kind == "generate" else self.lm.score
+        if not self.dedup:
+            self.batches[kind] += 1
+            return call(payloads)
+        results: list[Any] = [None] * len(payloads)
+        sent: list[Any] = []
+        first: dict[str, int] = {}  # key -> position in `sent`
+        repeats: list[tuple[int, int]] = []  # (payload index, position in `sent`)
+        for i, payload in enumerate(payloads):
+            key = _request_key(payload)
+            tokens = self._prompt_tokens(kind, payload)
+            self.dedup_stats["prompt_tokens"] += tokens
+            if key is not None and key in self._cache:
+                self._cache.move_to_end(key)
+                results[i] = self._cache[key]
+            elif key is not None and key in first:
+                repeats.append((i, first[key]))
+            else:
+                if key is not None:
+                    first[key] = len(sent)
+                repeats.append((i, len(sent)))
+                sent.append(payload)
+                continue
+            self.dedup_stats["saved_prompt_tokens"] += tokens
+            self.dedup_stats["reused_calls"] += 1
+        outputs = call(sent) if sent else []
+        if sent:
+            self.batches[kind] += 1
+        for i, position in repeats:
+            results[i] = outputs[position]
+        for key, position in first.items():
+            self._cache[key] = outputs[position]
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return results
+
+    def _prompt_tokens(self, kind: str, payload: Any) -> int:
+        if kind == "generate":
+            return self.lm.count_prompt_tokens(payload.messages)
+        return self.lm.count_score_tokens(payload)
+
     def _search(self, payloads: list[tuple[str, int]]) -> list[list[Hit]]:
-        """One retriever call at the largest k asked; each query keeps its own top-k."""
+        """One retriever call at the largest k asked (each distinct query once, with `dedup`); each
+        query keeps its own top-k."""
         assert self.retriever is not None
         k = max(k for _, k in payloads)
-        hits = self.retriever.search([q for q, _ in payloads], k)
+        queries = [q for q, _ in payloads]
+        if self.dedup:
+            distinct = list(dict.fromkeys(queries))
+            found = dict(zip(distinct, self.retriever.search(distinct, k), strict=True))
+            hits = [found[q] for q in queries]
+        else:
+            hits = self.retriever.search(queries, k)
         return [h[:kq] for (_, kq), h in zip(payloads, hits, strict=True)]
+
+
+def _request_key(request: GenerationRequest | ScoreRequest) -> str | None:
+    """What makes two requests give the same result, or None when they need not (unseeded sampling)."""
+    if isinstance(request, ScoreRequest):
+        return json.dumps(["score", request.messages, request.target], sort_keys=True, ensure_ascii=False)
+    greedy = request.temperature <= 0
+    if not greedy and request.seed is None:
+        return None
+    fields = [request.messages, request.max_new_tokens, request.n, request.stop]
+    fields += [None, None] if greedy else [request.temperature, request.seed]
+    return json.dumps(["generate", *fields], sort_keys=True, ensure_ascii=False)

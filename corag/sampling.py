@@ -287,6 +287,29 @@ def config_hash(values: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def model_fingerprint(model: str) -> str:
+    """What identifies a model wherever its folder lives: its config, tokenizer and chat template files
+    and the names and sizes of its weight files (a hub name stands for itself)."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return model
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        if path.suffix in (".safetensors", ".bin", ".pt", ".gguf"):
+            h.update(f"{path.name}:{path.stat().st_size}\n".encode())
+        elif path.suffix in (".json", ".jinja", ".model", ".txt"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def questions_fingerprint(examples: Sequence[Example]) -> str:
+    """What identifies a question set wherever its file lives: every id, query and answer, in order."""
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(json.dumps([e.id, e.query, list(e.answers)], ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
 def shard_blocks(
     examples: Sequence[Example], block_size: int, shard: int = 0, num_shards: int = 1
 ) -> list[list[Example]]:
@@ -312,8 +335,12 @@ def run_sampling(
     shard: int = 0,
     num_shards: int = 1,
     progress: bool = True,
+    dedup: bool = True,
 ) -> dict[str, Any]:
     """Sample this shard's questions not yet in `out_path`, one block at a time; return the summary.
+
+    With `dedup`, identical greedy or seeded calls are computed once (the records do not change);
+    the summary's `dedup_saved_share` is the share of prompt tokens this saved.
 
     A block's records are appended (whole lines, flushed and synced) when the block finishes. A block
     that a crash interrupted is sampled again in full, and only its missing records are written.
@@ -336,7 +363,7 @@ def run_sampling(
             if any(e.id not in done for e in b)
         ]
         todo = sum(len(b) for b in blocks)
-        executor = Executor(lm, retriever, max_active=block_size)
+        executor = Executor(lm, retriever, max_active=block_size, dedup=dedup)
         start, tokens, chains = time.perf_counter(), 0, 0
         bar = tqdm(total=todo, desc="sampling", unit="q", disable=not progress, file=sys.stderr)
         for block in blocks:
@@ -355,6 +382,8 @@ def run_sampling(
     records = read_jsonl(out_path)
     summary = summarize(records)
     summary.update(resumed_from=len(done), sampled_now=todo, dropped_partial_lines=out.dropped)
+    stats = executor.dedup_stats
+    summary["dedup_saved_share"] = stats["saved_prompt_tokens"] / max(stats["prompt_tokens"], 1)
     return summary
 
 
@@ -448,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     limits.check()
     from corag.data.corpus import Corpus
     from corag.data.formats import load_examples
-    from corag.retrieval import load_retriever
+    from corag.retrieval import index_fingerprint, load_retriever
 
     corpus = Corpus.load(args.corpus)
     errors: list[InputError] = []
@@ -456,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     examples = load_examples(
         args.questions, args.fmt, **options, **({"errors": errors} if args.skip_invalid else {})
     )
+    questions_id = questions_fingerprint(examples)  # before --limit: a longer run resumes a shorter one
     if args.limit is not None:
         examples = examples[: args.limit]
     examples, skipped = validate_questions(examples, corpus, args.questions, args.skip_invalid, errors)
@@ -463,6 +493,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped {sum(skipped.values())} invalid question(s): {dict(skipped)}", file=sys.stderr)
     lm = engine.load(args.model)
     retriever = load_retriever(args.retriever)
+    # The resume hash names what changes the chains, not where things live: a moved checkpoint,
+    # questions file, index folder or service URL resumes the same run.
+    index_id = (
+        retriever.fingerprint() if hasattr(retriever, "fingerprint") else index_fingerprint(args.retriever)
+    )
     sampling = {f.name: getattr(args, f.name) for f in SamplingConfig.__dataclass_fields__.values()}
     out_path = shard_path(Path(args.out_dir), args.shard, args.num_shards)
     summary = run_sampling(
@@ -473,9 +508,9 @@ def main(argv: list[str] | None = None) -> int:
         SamplingConfig(**sampling),
         out_path,
         hash_inputs={
-            "model": args.model,
-            "questions": args.questions,
-            "retriever": args.retriever,
+            "model": model_fingerprint(args.model),
+            "questions": questions_id,
+            "retriever": index_id,
             **chain_settings(engine, limits),
         },
         limits=limits,

@@ -19,7 +19,7 @@ from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 from corag.errors import InputError
 from corag.prompts import ANSWER_MAX_NEW_TOKENS, SUBQUERY_MAX_NEW_TOKENS
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "vllm", "openai")
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 SYSTEM_DEFAULT, SYSTEM_NONE = "default", "none"
 
@@ -36,6 +36,9 @@ class EngineSettings:
         metadata={"help": "auto (hf: bfloat16 on GPU, float32 on CPU; vLLM: the checkpoint's), bfloat16, "
         "float16 or float32"},
     )  # fmt: skip
+    base_url: str = field(
+        default="", metadata={"help": "openai: running server URL(s), comma-separated (e.g. vllm serve)"}
+    )
     device: str | None = field(default=None, metadata={"help": "hf device (default: cuda if available)"})
     batch_size: int = field(default=64, metadata={"help": "hf: most sequences per forward pass"})
     max_batch_tokens: int | None = field(
@@ -93,6 +96,8 @@ class EngineSettings:
             )
         if not self.system_prompt:
             raise InputError("give default, none or a text", field="system_prompt")
+        if self.backend == "openai" and not self.base_url.strip():
+            raise InputError("the openai backend needs the servers' URL(s)", field="base_url")
 
     def render_kwargs(self) -> dict[str, Any]:
         """What every backend's renderer takes: template variables and the system prompt."""
@@ -111,6 +116,8 @@ class EngineSettings:
                 "seed": self.engine_seed,
                 **self.render_kwargs(),
             }
+        if self.backend == "openai":
+            return {"base_url": self.base_url, "max_context": self.max_model_len, **self.render_kwargs()}
         return {
             "device": self.device,
             "dtype": None if self.dtype == "auto" else self.dtype,

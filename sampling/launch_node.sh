@@ -1,26 +1,11 @@
 #!/usr/bin/env bash
-# One sampling process per GPU on this node; each takes its own shard of the questions.
+# The shards of a sampling run on this node's GPUs: one engine per `tensor_parallel_size` GPUs of the
+# allocation (CUDA_VISIBLE_DEVICES as Slurm set it, else every GPU nvidia-smi lists), each engine
+# sampling its share of the config's `num_shards` shards one after another.
 #
-#   sampling/launch_node.sh CONFIG [NODE_INDEX NUM_NODES] [-- extra flags]
+#   sampling/launch_node.sh CONFIG [--node-index I --num-nodes N] [--log-dir logs] [-- flags for corag sample]
 #
-# With NUM_NODES > 1, shard ids are NODE_INDEX * GPUS + local GPU index, out of NUM_NODES * GPUS.
-# A finished or interrupted shard is resumed by running the same command again.
+# Shard names come from the config, not the hardware: resubmit anywhere and unfinished shards resume.
+# See `python -m corag.launch --help`.
 set -euo pipefail
-config=${1:?usage: launch_node.sh CONFIG [NODE_INDEX NUM_NODES] [-- flags]}
-node=${2:-0}
-nodes=${3:-1}
-shift $(( $# < 3 ? $# : 3 ))
-[[ "${1:-}" == "--" ]] && shift
-gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
-gpus=$(( gpus > 0 ? gpus : 1 ))
-total=$(( nodes * gpus ))
-pids=()
-for (( g = 0; g < gpus; g++ )); do
-  shard=$(( node * gpus + g ))
-  CUDA_VISIBLE_DEVICES=$g python sampling/sample.py --config "$config" \
-    --shard "$shard" --num_shards "$total" "$@" > "sampling-shard-$shard.log" 2>&1 &
-  pids+=($!)
-done
-status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-exit $status
+exec "${PYTHON:-python}" -m corag.launch "$@"

@@ -249,3 +249,49 @@ def test_a_call_with_n_samples_charges_its_prompt_once():
     tight = ex.context(budget=8)
     with pytest.raises(BudgetExceeded):
         ex.run([question(tight)])
+
+
+async def repeated_calls(ctx: Context, i: int) -> list:
+    """Greedy and seeded generations, scorings and searches that repeat across questions and steps,
+    and unseeded sampling, which must never be reused."""
+    out = []
+    for turn in range(2):
+        out.append((await ctx.generate(ask(f"shared t{turn}"))).texts)
+        sampled = GenerationRequest(({"role": "user", "content": "s"},), max_new_tokens=2, temperature=1.0)
+        out.append((await ctx.generate(sampled)).usage)
+        seeded = GenerationRequest(({"role": "user", "content": "s"},), temperature=1.0, seed=turn)
+        out.append((await ctx.generate(seeded)).texts)
+        out.append((await ctx.score(ScoreRequest(({"role": "user", "content": "q"},), "a b"))).logprobs)
+        out.append(await ctx.search(f"query {i % 2}", 3))
+    out.append(ctx.meter.usage)
+    return out
+
+
+def test_identical_requests_are_computed_once_with_identical_results():
+    runs = {}
+    for dedup in (False, True):
+        lm, ret = ScriptedLM(), ScriptedRetriever()
+        ex = Executor(lm, ret, dedup=dedup)
+        runs[dedup] = (ex.run([repeated_calls(ex.context(), i) for i in range(6)]), lm, ret, ex)
+    (plain, lm0, ret0, ex0), (reused, lm1, ret1, ex1) = runs[False], runs[True]
+    assert reused == plain  # the same texts, scores, hits and metered usage per question
+    sent = [r for batch in lm1.batches for r in batch]
+    unseeded = [r for r in sent if getattr(r, "temperature", 0) > 0 and r.seed is None]
+    assert len(unseeded) == 12  # every unseeded sampling call went to the backend
+    # per turn: one greedy, one seeded, one scoring; the second turn's scoring repeats the first's
+    assert len(sent) - len(unseeded) == 2 + 2 + 1
+    assert len([r for b in lm0.batches for r in b]) == 6 * 2 * 4
+    assert [len(q) for q, _ in ret1.calls] == [2, 2] and [len(q) for q, _ in ret0.calls] == [6, 6]
+    stats = ex1.dedup_stats
+    assert stats["reused_calls"] == 6 * 2 * 4 - len(sent)
+    assert 0 < stats["saved_prompt_tokens"] < stats["prompt_tokens"]
+    assert ex0.dedup_stats["saved_prompt_tokens"] == 0
+
+
+def test_reuse_cache_is_bounded():
+    lm = ScriptedLM()
+    ex = Executor(lm, cache_size=3)
+    ex.run([three_turns(ex.context(), i) for i in range(3)])
+    assert len(ex._cache) == 3  # the last turn of each question
+    ex.run([three_turns(ex.context(), 2)])  # only its last turn is still cached
+    assert len([r for b in lm.batches for r in b]) == 9 + 2

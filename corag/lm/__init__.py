@@ -1,4 +1,4 @@
-"""Language-model backends behind one protocol (corag.lm.base.LM): transformers and vLLM."""
+"""Language-model backends behind one protocol (corag.lm.base.LM): transformers, vLLM and OpenAI-compatible servers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ __all__ = ["LM", "Completion", "GenerationRequest", "Message", "Score", "ScoreRe
 
 
 def load_lm(path: str | Path, backend: str = "hf", **kwargs: Any) -> LM:
-    """Load a chat checkpoint with the "hf" (transformers) or "vllm" backend; kwargs go to the backend."""
+    """Load a chat checkpoint with the "hf" (transformers) or "vllm" backend, or reach running servers
+    with "openai" (kwargs: base_url="URL[,URL...]"); kwargs go to the backend."""
     if backend == "hf":
         from corag.lm.hf import HFLM
 
@@ -20,4 +21,8 @@ def load_lm(path: str | Path, backend: str = "hf", **kwargs: Any) -> LM:
         from corag.lm.vllm import VLLMLM
 
         return VLLMLM(str(path), **kwargs)
-    raise ValueError(f"unknown LM backend {backend!r}; choose 'hf' or 'vllm'")
+    if backend == "openai":
+        from corag.lm.openai import OpenAILM
+
+        return OpenAILM(path, **kwargs)
+    raise ValueError(f"unknown LM backend {backend!r}; choose 'hf', 'vllm' or 'openai'")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -26,6 +27,21 @@ def read_manifest(folder: Path, kind: str) -> dict:
     return manifest
 
 
+def index_fingerprint(source: str | Path) -> str:
+    """What identifies an index wherever it lives: a hash of its folder's manifest (its kind, model,
+    settings and corpus), or for a service URL the fingerprint its /health reports ("" if none)."""
+    text = str(source)
+    if text.startswith(("http://", "https://")):
+        from corag.retrieval.client import RetrieverClient
+
+        with RetrieverClient(text, retries=0) as client:
+            return client.fingerprint()
+    manifest = Path(source) / "manifest.json"
+    if not manifest.is_file():
+        raise InputError("no manifest.json: not an index folder (build one with `corag index`)", file=text)
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+
+
 def load_retriever(source: str | Path, device: str | None = None, **kwargs) -> Retriever:
     """A retriever from an index folder (`corag index`, dense or bm25) or a service URL (http://...)."""
     text = str(source)
@@ -48,4 +64,4 @@ def load_retriever(source: str | Path, device: str | None = None, **kwargs) -> R
     raise InputError(f"unknown index kind {kind!r}", file=str(manifest), field="kind")
 
 
-__all__ = ["Retriever", "load_retriever", "read_manifest"]
+__all__ = ["Retriever", "index_fingerprint", "load_retriever", "read_manifest"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -244,12 +245,16 @@ class ExactIndex:
 
 class TorchIndex:
     """Row vectors split into contiguous shards, one per device; exact search is matmul + top-k per
-    shard in blocks of rows, then a merge of the shards' top-k. Meant for GPUs (fp16); runs on CPU too."""
+    shard in blocks of rows, then a merge of the shards' top-k. Meant for GPUs (fp16); runs on CPU too.
+
+    The shards are searched at the same time, one thread each (torch releases the GIL in its
+    kernels, so every device works at once); their top-k lists are merged in shard order."""
 
     def __init__(self, shards: list[torch.Tensor], block_rows: int = 1 << 20) -> None:
         self.shards = shards
         self.offsets = np.cumsum([0] + [s.shape[0] for s in shards])[:-1].tolist()
         self.block_rows = block_rows
+        self._pool = ThreadPoolExecutor(max_workers=len(shards)) if len(shards) > 1 else None
 
     @classmethod
     def from_chunks(
@@ -287,17 +292,30 @@ class TorchIndex:
     def ntotal(self) -> int:
         return sum(s.shape[0] for s in self.shards)
 
-    @torch.inference_mode()
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         q_host = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
+        jobs = [(q_host, shard, offset, k) for shard, offset in zip(self.shards, self.offsets, strict=True)]
+        if self._pool is None:
+            parts = [self._search_shard(*job) for job in jobs]
+        else:
+            parts = list(self._pool.map(lambda job: self._search_shard(*job), jobs))
         best = _empty(q_host.shape[0])
-        for shard, offset in zip(self.shards, self.offsets, strict=True):
-            q = q_host.to(shard.device, shard.dtype)
-            for start in range(0, shard.shape[0], self.block_rows):
-                block = shard[start : start + self.block_rows]
-                top_s, top_i = (q @ block.T).float().topk(min(k, block.shape[0]), dim=1)
-                best = _merge_topk(best, top_s.cpu(), top_i.cpu() + offset + start, k)
+        for top_s, top_i in parts:
+            best = _merge_topk(best, top_s, top_i, k)
         return _pad(best, k)
+
+    @torch.inference_mode()
+    def _search_shard(
+        self, q_host: torch.Tensor, shard: torch.Tensor, offset: int, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-k of one shard (scores, global rows), on the host; merged on the shard's device."""
+        q = q_host.to(shard.device, shard.dtype)
+        best = tuple(t.to(shard.device) for t in _empty(q.shape[0]))
+        for start in range(0, shard.shape[0], self.block_rows):
+            block = shard[start : start + self.block_rows]
+            top_s, top_i = (q @ block.T).float().topk(min(k, block.shape[0]), dim=1)
+            best = _merge_topk(best, top_s, top_i + offset + start, k)
+        return best[0].cpu(), best[1].cpu()
 
 
 class ApproxIndex:

@@ -1,20 +1,29 @@
 """`corag serve-retriever`: one index served over HTTP to many sampling or evaluation workers.
 
 POST /search {"queries": [...], "k": int} -> {"hits": [[{"doc_id", "score"}, ...], ...]}
-GET /health -> {"status": "ok", "searches": ..., "queries": ...}
+POST /       {"query": str} -> [{"doc_id", "score"}, ...]   (the official CoRAG E5 server's API; its
+             top-k is the service's `--official-k`, so the official agent can use this service)
+GET /health -> {"status": "ok", "searches": ..., "queries": ..., "index": fingerprint}
 
-Requests that arrive together are coalesced: a batching loop takes everything queued within a short
-wait (or up to `max_batch` queries) and runs one batched search in a worker thread, so the encoder and
-the index see large batches while each client sends one query at a time.
+Requests that arrive together, on either API, are coalesced: a batching loop takes everything queued
+within a short wait (at most `max_wait_ms`, or until `max_batch` queries) and runs one batched search
+in a worker thread, so the encoder and the index see large batches while each client sends one query
+at a time. `--workers N` runs N processes behind one address (each loads the index: for BM25 or a
+CPU index, not for one that fills a GPU). The service binds to this machine only unless
+`--allow-remote` is given (it has no authentication).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import sys
 import threading
 import time
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -32,6 +41,12 @@ class SearchRequest(BaseModel):
     k: StrictInt = 10
 
 
+class OfficialRequest(BaseModel):
+    """The official E5 server's request: one query, top-k fixed by the server."""
+
+    query: StrictStr
+
+
 @dataclass
 class _Pending:
     queries: list[str]
@@ -40,25 +55,43 @@ class _Pending:
 
 
 class Batcher:
-    """Collects concurrent requests and runs them as one `retriever.search` call in a worker thread."""
+    """Collects concurrent requests and runs them as one `retriever.search` call in a worker thread.
 
-    def __init__(self, retriever: Retriever, max_batch: int = 256, max_wait_s: float = 0.002) -> None:
+    A batch waits for company only while other requests are on their way in (their bodies being read
+    inside `arriving()`), and never longer than `max_wait_s`: a lone client pays no wait at all."""
+
+    def __init__(self, retriever: Retriever, max_batch: int = 256, max_wait_s: float = 0.005) -> None:
         self.retriever, self.max_batch, self.max_wait_s = retriever, max_batch, max_wait_s
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self.searches = 0
         self.queries = 0
+        self.incoming = 0  # requests being read and checked, about to be queued
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Marks a request on its way to `search` (the batch being collected may wait for it)."""
+        self.incoming += 1
+        try:
+            yield
+        finally:
+            self.incoming -= 1
 
     async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Pending(queries, k, future))
+        self.queue.put_nowait(_Pending(queries, k, future))
         return await future
 
     async def _collect(self) -> list[_Pending]:
         batch = [await self.queue.get()]
         size = len(batch[0].queries)
-        deadline = asyncio.get_running_loop().time() + self.max_wait_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_s
         while size < self.max_batch:
-            timeout = deadline - asyncio.get_running_loop().time()
+            if self.queue.empty() and not self.incoming:
+                await asyncio.sleep(0)  # let requests that just came in start
+                if self.queue.empty() and not self.incoming:
+                    break
+            timeout = deadline - loop.time()
             try:
                 item = (
                     self.queue.get_nowait()
@@ -96,15 +129,42 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status)
 
 
+def _hits_json(row: list[Hit]) -> list[dict]:
+    return [{"doc_id": h.doc_id, "score": h.score} for h in row]
+
+
+def _invalid(e: ValidationError) -> JSONResponse:
+    errors = [{"loc": list(err["loc"]), "msg": err["msg"]} for err in e.errors(include_url=False)]
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
+async def _read_body(request: Request, max_body_bytes: int) -> bytes | None:
+    """The request body, or None when it is over the limit (declared or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > max_body_bytes):
+        return None
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > max_body_bytes:
+            return None
+    return bytes(body)
+
+
 def create_app(
     retriever: Retriever,
     max_queries: int = 256,
     max_k: int = 1000,
     max_body_bytes: int = 1 << 20,
     max_batch: int = 256,
-    max_wait_ms: float = 2.0,
+    max_wait_ms: float = 5.0,
+    official_k: int = 5,
+    fingerprint: str = "",
 ) -> FastAPI:
-    """The HTTP app around `retriever`, with request limits (413 too large, 422 malformed)."""
+    """The HTTP app around `retriever`, with request limits (413 too large, 422 malformed).
+
+    `official_k` is the top-k of the official API (`POST /`); `fingerprint` names the index in
+    /health, so clients can tell which index answers wherever the service runs."""
     batcher = Batcher(retriever, max_batch, max_wait_ms / 1000)
 
     @asynccontextmanager
@@ -118,23 +178,37 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "searches": batcher.searches, "queries": batcher.queries}
+        return {
+            "status": "ok",
+            "searches": batcher.searches,
+            "queries": batcher.queries,
+            "index": fingerprint,
+            "official_k": official_k,
+        }
+
+    @app.post("/")
+    async def official(request: Request) -> JSONResponse:
+        with batcher.arriving():
+            body = await _read_body(request, max_body_bytes)
+            if body is None:
+                return _error(413, f"request body over {max_body_bytes} bytes")
+            try:
+                req = OfficialRequest.model_validate_json(body)
+            except ValidationError as e:
+                return _invalid(e)
+        (row,) = await batcher.search([req.query], official_k)
+        return JSONResponse(_hits_json(row))
 
     @app.post("/search")
     async def search(request: Request) -> JSONResponse:
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > max_body_bytes):
-            return _error(413, f"request body over {max_body_bytes} bytes")
-        body = bytearray()
-        async for part in request.stream():
-            body += part
-            if len(body) > max_body_bytes:
+        with batcher.arriving():
+            body = await _read_body(request, max_body_bytes)
+            if body is None:
                 return _error(413, f"request body over {max_body_bytes} bytes")
-        try:
-            req = SearchRequest.model_validate_json(bytes(body))
-        except ValidationError as e:
-            errors = [{"loc": list(err["loc"]), "msg": err["msg"]} for err in e.errors(include_url=False)]
-            return JSONResponse({"detail": errors}, status_code=422)
+            try:
+                req = SearchRequest.model_validate_json(body)
+            except ValidationError as e:
+                return _invalid(e)
         if len(req.queries) > max_queries:
             return _error(413, f"{len(req.queries)} queries in one request; at most {max_queries}")
         if not 1 <= req.k <= max_k:
@@ -144,7 +218,7 @@ def create_app(
         if not req.queries:
             return JSONResponse({"hits": []})
         hits = await batcher.search(req.queries, req.k)
-        return JSONResponse({"hits": [[{"doc_id": h.doc_id, "score": h.score} for h in row] for row in hits]})
+        return JSONResponse({"hits": [_hits_json(row) for row in hits]})
 
     return app
 
@@ -174,10 +248,42 @@ class BackgroundServer:
         self.thread.join(timeout=10)
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+OPTIONS_ENV = "CORAG_SERVE_RETRIEVER_OPTIONS"  # how `--workers` hands the options to each process
+
+
+def build_app(options: dict) -> FastAPI:
+    """Load the index named in `options` (the command's arguments) and wrap it in the app."""
+    from corag.retrieval import index_fingerprint, load_retriever
+
+    extra = {"approx": options["approx"]} if options.get("approx") else {}
+    retriever = load_retriever(options["index"], device=options.get("device"), **extra)
+    return create_app(
+        retriever,
+        options["max_queries"],
+        options["max_k"],
+        options["max_body_bytes"],
+        options["max_batch"],
+        options["max_wait_ms"],
+        official_k=options["official_k"],
+        fingerprint=index_fingerprint(options["index"]),
+    )
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one `--workers` process (uvicorn's factory), from the options the command set."""
+    return build_app(json.loads(os.environ[OPTIONS_ENV]))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="corag serve-retriever", description=__doc__.splitlines()[0])
     ap.add_argument("index", help="index folder written by `corag index` (dense or bm25)")
     ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default: this machine only)")
+    ap.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a --host other than loopback (the service has no authentication)",
+    )
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default=None, help="query encoder device")
     ap.add_argument(
@@ -187,17 +293,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-k", type=int, default=1000)
     ap.add_argument("--max-body-bytes", type=int, default=1 << 20)
     ap.add_argument("--max-batch", type=int, default=256, help="most queries coalesced into one search")
-    ap.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for company")
+    ap.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        help="longest a batch waits for requests still being read (none: no wait)",
+    )
+    ap.add_argument("--official-k", type=int, default=5, help="top-k of the official API (POST /)")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="processes behind the address (each loads the index)"
+    )
     args = ap.parse_args(argv)
-
-    from corag.retrieval import load_retriever
-
-    retriever = load_retriever(
-        args.index, device=args.device, **({"approx": args.approx} if args.approx else {})
-    )
-    app = create_app(
-        retriever, args.max_queries, args.max_k, args.max_body_bytes, args.max_batch, args.max_wait_ms
-    )
-    print(f"serving {args.index} on http://{args.host}:{args.port}")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    if args.host not in LOOPBACK and not args.allow_remote:
+        ap.error(f"--host {args.host} serves beyond this machine; add --allow-remote to mean it")
+    if args.host not in LOOPBACK:
+        print(
+            f"warning: serving on {args.host}:{args.port} without authentication; anyone who can reach "
+            "this port can query the index",
+            file=sys.stderr,
+        )
+    if not 1 <= args.official_k <= args.max_k:
+        ap.error(f"--official-k must be between 1 and --max-k ({args.max_k})")
+    options = {k: v for k, v in vars(args).items() if k not in ("host", "port", "allow_remote", "workers")}
+    print(f"serving {args.index} on http://{args.host}:{args.port} ({args.workers} worker(s))")
+    if args.workers > 1:
+        os.environ[OPTIONS_ENV] = json.dumps(options)
+        uvicorn.run(
+            "corag.retrieval.service:app_from_environment",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level="info",
+        )
+    else:
+        uvicorn.run(build_app(options), host=args.host, port=args.port, log_level="info")
     return 0

@@ -25,8 +25,10 @@ def content(request) -> str:
     return request.messages[-1]["content"]
 
 
-def run(lm, retriever, strategy, questions, corpus, max_active=256, budget=None, **kw) -> list[DecodeResult]:
-    ex = Executor(lm, retriever, max_active=max_active)
+def run(
+    lm, retriever, strategy, questions, corpus, max_active=256, budget=None, dedup=True, **kw
+) -> list[DecodeResult]:
+    ex = Executor(lm, retriever, max_active=max_active, dedup=dedup)
     return ex.run([strategy(ex.context(budget), q, corpus, **kw) for q in questions])
 
 
@@ -60,7 +62,8 @@ def test_greedy_is_deterministic_and_independent_of_batching(short_lm, toy_retri
 
 def test_greedy_call_pattern_and_coalescing(recording, toy_retriever, toy_corpus, questions):
     max_steps = 2
-    results = run(recording, toy_retriever, greedy, questions, toy_corpus, max_steps=max_steps)
+    # every call as the strategy issues it (repeats are not served from earlier results)
+    results = run(recording, toy_retriever, greedy, questions, toy_corpus, max_steps=max_steps, dedup=False)
     requests = [r for r, _ in recording.generated]
     subquery_calls = [r for r in requests if content(r).startswith(CALL_A)]
     # one final answer and one sub-answer per step; sub-query calls within 4L per question

@@ -44,7 +44,7 @@ def test_budgets_hold_and_metering_matches_the_tokenizer(
     tokenizer = short_lm.tokenizer
     questions = toy_world.test[first : first + 2]
     kw = {"max_steps": max_steps, "stop_bias": stop_bias} | ({"n": n} if strategy == "best_of_n" else {})
-    ex = Executor(lm, toy_retriever)
+    ex = Executor(lm, toy_retriever, dedup=False)  # every metered call reaches the recording LM
     contexts = [ex.context(b) for b in budgets]
     results = ex.run(
         [STRATEGIES[strategy](c, q, toy_corpus, **kw) for c, q in zip(contexts, questions, strict=True)]

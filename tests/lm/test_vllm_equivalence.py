@@ -132,3 +132,62 @@ def test_long_prompts_are_capped_or_refused_alike(hf: HFLM, vllm_lm: VLLMLM) -> 
     for lm in (hf, vllm_lm):
         with pytest.raises(ValueError, match="does not fit the model's context"):
             lm.generate([too_long])
+
+
+@pytest.fixture(scope="module")
+def served(model_dir: Path):
+    """A real `vllm serve` of the tiny checkpoint on CPU (float32, eager), on a free local port."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    vllm_cli = Path(sys.executable).parent / "vllm"
+    cmd = [str(vllm_cli), "serve", str(model_dir), "--served-model-name", "tiny", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--dtype", "float32", "--enforce-eager", "--seed", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve did not start: {proc.stderr.read().decode()[-3000:]}")
+            time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_openai_backend_against_vllm_serve_equals_the_offline_engine(
+    served: str, model_dir: Path, vllm_lm: VLLMLM
+) -> None:
+    from corag.lm.openai import OpenAILM
+
+    lm = OpenAILM(model_dir, served)
+    assert lm.model_name == "tiny" and lm.max_context == vllm_lm.max_context
+    plain = [GenerationRequest(m, max_new_tokens=16) for m in PROMPTS]
+    stops = [(c.texts[0][2:4],) if len(c.texts[0]) >= 4 else () for c in vllm_lm.generate(plain)]
+    requests = [
+        *plain,
+        *[GenerationRequest(m, max_new_tokens=16, stop=s) for m, s in zip(PROMPTS, stops, strict=True)],
+        GenerationRequest(PROMPTS[1], max_new_tokens=5, n=3),
+    ]
+    assert lm.generate(requests) == vllm_lm.generate(requests)
+    targets = ["person 3", "city 4", "country 0", "", "person 8 was born in city 3."]
+    scored = [ScoreRequest(m, t) for m, t in zip(PROMPTS, targets, strict=True)]
+    for scoring in ("prompt_logprobs", "echo"):
+        lm.scoring = scoring
+        for a, b in zip(lm.score(scored), vllm_lm.score(scored), strict=True):
+            assert a.usage == b.usage
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)

@@ -172,3 +172,28 @@ def test_model_presets_carry_their_prefixes():
     assert resolve_model("/models/all-mpnet-base-v2") == ("/models/all-mpnet-base-v2", "", "", None)
     path, qp, pp, qmax = resolve_model("minilm")
     assert (qp, pp, qmax) == ("", "", None) and (Path(path) / "config.json").is_file()
+
+
+def test_torch_shards_are_searched_in_parallel_threads():
+    import threading
+    import time
+
+    import torch
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((400, 16)).astype(np.float32)
+    q = rng.standard_normal((5, 16)).astype(np.float32)
+    index = TorchIndex.from_chunks([x], 400, 16, ["cpu"] * 4, dtype=torch.float32, block_rows=50)
+    threads: set[int] = set()
+    inner = index._search_shard
+
+    def recording(*args):
+        threads.add(threading.get_ident())
+        time.sleep(0.05)  # every shard is handed out before the first one finishes
+        return inner(*args)
+
+    index._search_shard = recording
+    scores, ids = index.search(q, 7)
+    want_s, want_i = ExactIndex([x]).search(q, 7)
+    assert (ids == want_i).all() and np.allclose(scores, want_s, atol=1e-4)
+    assert len(threads) > 1 and threading.get_ident() not in threads

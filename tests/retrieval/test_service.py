@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from pydantic import BaseModel
 
 from corag.errors import InputError
 from corag.retrieval import load_retriever
@@ -177,3 +178,94 @@ def test_serve_retriever_command(bm25, toy_world, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_official_api_is_served_beside_ours(bm25, toy_world):
+    """`POST /` with {"query"} answers [{"doc_id", "score"}] at the service's top-k, as the official
+    E5 server does, coalesced with the batched API's searches."""
+    counting = CountingRetriever(bm25)
+    queries = [q.query for q in toy_world.single_hop[:6]]
+    with BackgroundServer(create_app(counting, official_k=4, max_wait_ms=20)) as s:
+        rows = [httpx.post(f"{s.url}/", json={"query": q}).json() for q in queries]
+        assert rows == [
+            [{"doc_id": h.doc_id, "score": h.score} for h in hits] for hits in bm25.search(queries, 4)
+        ]
+        assert httpx.post(f"{s.url}/", json={"queries": queries}).status_code == 422
+        assert httpx.post(f"{s.url}/", json={"query": 3}).status_code == 422
+        assert httpx.get(f"{s.url}/health").json()["official_k"] == 4
+
+
+class OfficialQuery(BaseModel):
+    query: str
+
+
+def official_server(retriever, top_k: int, rows: dict[str, int]):
+    """A stand-in for the official CoRAG E5 server's HTTP surface: POST / only, doc ids as corpus row
+    numbers (JSON numbers)."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/")
+    async def search(request: OfficialQuery) -> list[dict]:
+        (hits,) = retriever.search([request.query], top_k)
+        return [{"doc_id": rows[h.doc_id], "score": h.score} for h in hits]
+
+    return app
+
+
+def test_client_reads_an_official_server(bm25, toy_world, capsys):
+    queries = [q.query for q in toy_world.single_hop[:10]]
+    rows = {p.id: i for i, p in enumerate(toy_world.passages)}
+
+    def want(qs, k):  # the row numbers come back as text
+        return [[Hit(str(rows[h.doc_id]), h.score) for h in hits] for hits in bm25.search(qs, k)]
+
+    with BackgroundServer(official_server(bm25, 5, rows)) as s, RetrieverClient(s.url) as client:
+        assert client.search(queries, 3) == want(queries, 3)
+        assert client.api == "official" and client.fingerprint() == ""
+        assert client.search(queries[:2], 8) == want(queries[:2], 5)
+        assert "fewer than the 8 hits" in capsys.readouterr().err
+        assert client.search([], 3) == []
+    server = official_server(bm25, 5, rows)
+    with BackgroundServer(server) as s, RetrieverClient(s.url, api="corag", retries=0) as c:
+        with pytest.raises(InputError, match="HTTP 404"):  # forced to our API, the official server has none
+            c.search(queries[:1], 3)
+
+
+def test_binding_beyond_loopback_needs_allow_remote(tmp_path, bm25, toy_world, capsys):
+    from corag.retrieval.service import main
+
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--host", "0.0.0.0"])
+    assert "--allow-remote" in capsys.readouterr().err
+
+
+def test_serve_retriever_with_several_workers(toy_world, tmp_path):
+    build_bm25_folder([toy_world.passages], tmp_path / "bm25")
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "corag.cli", "serve-retriever", str(tmp_path / "bm25"), "--port", str(port),
+        "--workers", "2",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with RetrieverClient(f"http://127.0.0.1:{port}", retries=60, backoff_s=0.1) as client:
+            queries = ["What is the country of Netu?", "Who founded Fithudus?"]
+            want = BM25Retriever.load(tmp_path / "bm25").search(queries, 4)
+            assert all(client.search(queries, 4) == want for _ in range(6))
+            assert client.fingerprint()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_lone_request_does_not_wait_for_company(bm25):
+    """The coalescing wait applies only while other requests are on their way in: with a wait of a
+    minute, one client's requests still come back (within the 20 s client timeout)."""
+    counting = CountingRetriever(bm25)
+    with BackgroundServer(create_app(counting, max_wait_ms=60_000)) as s:
+        with RetrieverClient(s.url, timeout=20, retries=0) as client:
+            for query in ["What is the country of Netu?", "Who founded Fithudus?"]:
+                assert client.search([query], 3) == bm25.search([query], 3)
+    assert counting.sizes == [1, 1]

@@ -304,3 +304,58 @@ def test_kilt_page_ids_are_not_checked_as_corpus_passages(shared_data, setup):
     assert all(referenced_ids(e) == [] and e.supporting_pages for e in kilt)
     valid, skipped = validate_questions(kilt, corpus, "hotpotqa-dev-kilt.jsonl", skip_invalid=True)
     assert len(valid) == 20 and not skipped
+
+
+def test_resume_survives_moved_model_questions_index_and_a_service_url(setup, reference, tmp_path, capsys):
+    """The run hash names what changes the chains, not where things live."""
+    import shutil
+
+    from corag.retrieval import index_fingerprint
+    from corag.retrieval.service import BackgroundServer, create_app
+
+    moved = tmp_path / "moved"
+    shutil.copytree(setup["model"], moved / "model")
+    shutil.copytree(setup["root"] / "bm25", moved / "bm25")
+    shutil.copy(setup["questions"], moved / "questions.jsonl")
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(reference, shard_path(out, 0, 1))
+    index = BM25Retriever.load(moved / "bm25")
+    app = create_app(index, fingerprint=index_fingerprint(moved / "bm25"))
+    args = [
+        "--model", str(moved / "model"), "--questions", str(moved / "questions.jsonl"),
+        "--corpus", str(setup["toy_dir"] / "corpus.jsonl"), *FLAGS, "--keep_candidates", "true",
+        "--out_dir", str(out),
+    ]  # fmt: skip
+    with BackgroundServer(app) as server:
+        capsys.readouterr()
+        assert main([*args, "--retriever", server.url]) == 0
+    summary = json.loads(capsys.readouterr().out.split("\nchains written")[0])
+    assert summary["sampled_now"] == 0 and summary["resumed_from"] == NUM_QUESTIONS
+    assert shard_path(out, 0, 1).read_bytes() == reference.read_bytes()
+
+    # other questions (one answer changed) are another run
+    lines = (moved / "questions.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    record["answers"] = ["something else"]
+    (moved / "questions.jsonl").write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    with pytest.raises(InputError, match="another config"):
+        main([*args, "--retriever", str(moved / "bm25")])
+
+
+def test_identical_calls_computed_once_give_the_same_records(setup, tmp_path):
+    corpus = Corpus.load(setup["toy_dir"] / "corpus.jsonl")
+    examples = load_examples(setup["questions"])[:6]
+    lm = load_lm(setup["model"], batch_size=32)
+    retriever = BM25Retriever.load(setup["root"] / "bm25")
+    # near-greedy sub-queries: chains ask the same questions, so sub-answers and scorings repeat
+    config = SamplingConfig(num_chains=4, max_length=3, temperature=0.05, keep_candidates=True)
+    runs = {}
+    for dedup in (False, True):
+        path = tmp_path / f"chains-{dedup}.jsonl"
+        summary = run_sampling(
+            examples, corpus, lm, retriever, config, path, block_size=3, progress=False, dedup=dedup
+        )
+        runs[dedup] = (path.read_bytes(), summary["dedup_saved_share"])
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][1] > 0 and runs[False][1] == 0

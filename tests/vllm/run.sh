@@ -29,4 +29,5 @@ export VLLM_ENABLE_V1_MULTIPROCESSING=0  # engine in process: starts in seconds,
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 
 "$VENV/bin/python" -c "import vllm" # fail loudly here rather than skip in pytest
+# test_vllm_equivalence.py also starts a real `vllm serve` (its own process) for the openai backend.
 exec "$VENV/bin/python" -m pytest tests/lm/test_vllm_equivalence.py -q -p no:cacheprovider "$@"

@@ -1,0 +1,288 @@
+"""The cluster path's throughput: the retrieval service under concurrent clients, and identical requests
+computed once by the executor.
+
+service: `corag serve-retriever`'s app in its own process over a small dense index (MiniLM queries,
+`--rows` random 384-d passage vectors, exact search) on 127.0.0.1. `--clients` concurrent clients, each
+sending one query per request on the official E5 API (`POST /` {"query"}) or ours (`POST /search`),
+against one client sending the same number of requests one after another. Reports requests/s, the
+speed-up (`service_speedup_vs_serial`, the target is >= 3), p50/p99 latency, the mean coalesced batch
+and errors.
+
+dedup: sampling on the toy world (tiny Llama, BM25, transformers backend) with the executor's
+identical-request reuse on and off: the share of prompt tokens it saves (`dedup_saved_share`) and
+whether the records are identical (`dedup_identical`).
+
+async: greedy decoding (L=3) of the same questions with the stepped executor and the asyncio one
+(corag.async_executor), same backend: questions/s (`async_speedup`) and identical predictions
+(`async_identical`).
+
+Run: python benchmarks/engine.py [--parts service,dedup,async] [--clients 16] [--requests 40]
+Only loopback traffic; every loop is bounded. The last printed line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep on a shared machine
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+DIM, K = 384, 5
+
+
+def serve(rows: int, port: int, max_wait_ms: float, threads: int) -> None:
+    """The service process: MiniLM query encoder over `rows` random unit vectors."""
+    import torch
+    import uvicorn
+
+    from corag.retrieval.dense import DenseRetriever, Encoder, ExactIndex
+    from corag.retrieval.service import create_app
+
+    torch.set_num_threads(threads)
+    x = np.random.default_rng(0).standard_normal((rows, DIM), dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    retriever = DenseRetriever(
+        Encoder.from_preset("minilm", device="cpu"), ExactIndex([x]), [str(i) for i in range(rows)]
+    )
+    app = create_app(retriever, max_wait_ms=max_wait_ms, official_k=K)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+async def client_loop(
+    http: Any, url: str, api: str, client: int, requests: int, latencies: list[float]
+) -> int:
+    """One client's requests, one after another; returns how many failed."""
+    errors = 0
+    for i in range(requests):
+        query = f"who directed the film number {client * requests + i} of the studio?"
+        start = time.perf_counter()
+        try:
+            if api == "official":
+                r = await http.post(f"{url}/", json={"query": query})
+                ok = r.status_code == 200 and len(r.json()) == K
+            else:
+                r = await http.post(f"{url}/search", json={"queries": [query], "k": K})
+                ok = r.status_code == 200 and len(r.json()["hits"][0]) == K
+        except Exception:
+            ok = False
+        latencies.append(time.perf_counter() - start)
+        errors += not ok
+    return errors
+
+
+async def run_clients(url: str, api: str, clients: int, requests: int) -> tuple[float, list[float], int]:
+    import httpx
+
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+        await client_loop(http, url, api, 0, 3, [])  # warm-up
+        start = time.perf_counter()
+        errors = await asyncio.gather(
+            *(client_loop(http, url, api, c, requests, latencies) for c in range(clients))
+        )
+        elapsed = time.perf_counter() - start
+    return clients * requests / elapsed, latencies, sum(errors)
+
+
+def bench_service(args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    cmd = [
+        sys.executable,
+        __file__,
+        "--serve-port",
+        str(port),
+        "--rows",
+        str(args.rows),
+        "--max-wait-ms",
+        str(args.max_wait_ms),
+        "--threads",
+        str(args.threads),
+    ]
+    proc = subprocess.Popen(cmd)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                httpx.get(f"{url}/health", timeout=2).raise_for_status()
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("service did not start") from None
+                time.sleep(0.2)
+        total = args.clients * args.requests
+        serial_rps, _, serial_errors = asyncio.run(run_clients(url, args.api, 1, total))
+        before = httpx.get(f"{url}/health").json()
+        rps, latencies, errors = asyncio.run(run_clients(url, args.api, args.clients, args.requests))
+        after = httpx.get(f"{url}/health").json()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    q = statistics.quantiles([lat * 1000 for lat in latencies], n=100)
+    searches = max(after["searches"] - before["searches"], 1)
+    return {
+        "service_api": args.api,
+        "service_clients": args.clients,
+        "service_requests": total,
+        "service_errors": errors + serial_errors,
+        "service_rps": rps,
+        "serial_rps": serial_rps,
+        "service_speedup_vs_serial": rps / serial_rps,
+        "service_p50_ms": q[49],
+        "service_p99_ms": q[98],
+        "service_mean_batch": (after["queries"] - before["queries"]) / searches,
+    }
+
+
+def toy_setup() -> tuple[Any, Any, Any, Any, Path]:
+    """The tiny Llama (taught to end its turns), BM25 and corpus of a toy world, and its questions."""
+    import torch
+
+    from corag.data.corpus import Corpus
+    from corag.data.toyworld import generate_world, tokenizer_texts
+    from corag.lm import load_lm
+    from corag.retrieval.bm25 import BM25Retriever
+    from corag.tinymodel import build_tiny_model, save_tiny, teach_turn_ends, train_tokenizer
+
+    torch.set_num_threads(1)
+    world = generate_world(seed=0, num_entities=120, num_distractors=30, train_per_hop=10, test_per_hop=20)
+    folder = Path(tempfile.mkdtemp(prefix="corag-bench-engine-"))
+    world.write(folder / "world")
+    tokenizer = train_tokenizer(tokenizer_texts(world))
+    model = build_tiny_model(tokenizer, seed=0)
+    teach_turn_ends(model, tokenizer, world, 30)
+    lm = load_lm(save_tiny(folder / "model", model, tokenizer), backend="hf", device="cpu")
+    corpus = Corpus.load(folder / "world" / "corpus.jsonl")
+    return lm, BM25Retriever.from_passages(world.passages), corpus, world, folder
+
+
+def bench_dedup(args: argparse.Namespace, setup: tuple) -> dict[str, Any]:
+    """Sampling with identical requests computed once, against every request computed."""
+    from corag.lm.base import WrappedLM
+    from corag.sampling import SamplingConfig, run_sampling
+
+    class PromptTokens(WrappedLM):
+        """Counts the prompt tokens the backend actually computes."""
+
+        def __init__(self, lm: Any) -> None:
+            super().__init__(lm)
+            self.tokens = 0
+
+        def generate(self, requests):
+            self.tokens += sum(self.lm.count_prompt_tokens(r.messages) for r in requests)
+            return self.lm.generate(requests)
+
+        def score(self, requests):
+            self.tokens += sum(self.lm.count_score_tokens(r) for r in requests)
+            return self.lm.score(requests)
+
+    base, retriever, corpus, world, folder = setup
+    questions = world.train[: args.dedup_questions]
+    config = SamplingConfig(num_chains=4, max_length=3, temperature=0.7)
+    out: dict[bool, tuple[int, bytes]] = {}
+    for dedup in (False, True):
+        lm = PromptTokens(base)
+        path = folder / f"chains-{dedup}.jsonl"
+        run_sampling(
+            questions, corpus, lm, retriever, config, path, block_size=16, progress=False, dedup=dedup
+        )
+        out[dedup] = (lm.tokens, path.read_bytes())
+    return {
+        "dedup_questions": len(questions),
+        "dedup_prompt_tokens": out[True][0],
+        "prompt_tokens_without_dedup": out[False][0],
+        "dedup_saved_share": 1 - out[True][0] / out[False][0],
+        "dedup_identical": out[True][1] == out[False][1],
+    }
+
+
+def bench_async(args: argparse.Namespace, setup: tuple) -> dict[str, Any]:
+    """Greedy decoding (L=3) of the same questions with the stepped and the asyncio executor."""
+    from corag.async_executor import AsyncExecutor
+    from corag.decoding import STRATEGIES
+    from corag.executor import Executor
+
+    lm, retriever, corpus, world, _ = setup
+    questions = world.test[: args.async_questions]
+    timings, outputs = {}, {}
+    for name, cls in (("stepped", Executor), ("async", AsyncExecutor), ("stepped_again", Executor)):
+        executor = cls(lm, retriever, dedup=False)
+        start = time.perf_counter()
+        results = executor.run(
+            [STRATEGIES["greedy"](executor.context(), q, corpus, max_steps=3) for q in questions]
+        )
+        timings[name] = time.perf_counter() - start
+        outputs[name] = [(r.steps, r.prediction) for r in results]
+    stepped = min(timings["stepped"], timings["stepped_again"])  # the better of two, around the async run
+    return {
+        "async_questions": len(questions),
+        "async_qps": len(questions) / timings["async"],
+        "stepped_qps": len(questions) / stepped,
+        "async_speedup": stepped / timings["async"],
+        "async_identical": outputs["async"] == outputs["stepped"] == outputs["stepped_again"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="service,dedup,async", help="comma-separated: service, dedup, async")
+    ap.add_argument("--async-questions", type=int, default=32)
+    ap.add_argument("--rows", type=int, default=20_000, help="passage vectors of the service's index")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=40, help="requests per concurrent client")
+    ap.add_argument("--api", choices=("official", "corag"), default="official")
+    ap.add_argument("--max-wait-ms", type=float, default=5.0, help="the service's longest coalescing wait")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of the service process")
+    ap.add_argument("--dedup-questions", type=int, default=32)
+    ap.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)  # the service process
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.serve_port is not None:
+        serve(args.rows, args.serve_port, args.max_wait_ms, args.threads)
+        return
+    parts = set(args.parts.split(","))
+    result: dict[str, Any] = {}
+    if "service" in parts:
+        result |= bench_service(args)
+        print(
+            f"service ({args.api} API): {args.clients} clients: {result['service_rps']:.1f} req/s, serial "
+            f"{result['serial_rps']:.1f} req/s, speed-up {result['service_speedup_vs_serial']:.2f}x, p50 "
+            f"{result['service_p50_ms']:.0f} ms, p99 {result['service_p99_ms']:.0f} ms, mean batch "
+            f"{result['service_mean_batch']:.1f}, errors {result['service_errors']}"
+        )
+    setup = toy_setup() if parts & {"dedup", "async"} else None
+    if "async" in parts:
+        result |= bench_async(args, setup)
+        print(
+            f"async: {result['async_qps']:.2f} q/s against stepped {result['stepped_qps']:.2f} q/s, "
+            f"{result['async_speedup']:.2f}x, identical {result['async_identical']}"
+        )
+    if "dedup" in parts:
+        result |= bench_dedup(args, setup)
+        print(
+            f"dedup: {result['dedup_saved_share']:.1%} of prompt tokens saved, identical "
+            f"{result['dedup_identical']}"
+        )
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
+
+
+if __name__ == "__main__":
+    main()

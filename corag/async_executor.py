@@ -1,0 +1,183 @@
+"""Strategies as asyncio tasks: each call is submitted when its question reaches it, no waves.
+
+The stepped executor (corag.executor) advances every question to its next call, then sends one batch
+per kind and waits for all of them: the model idles while searches run, and every wave waits for its
+slowest call. Here each question's strategy is an asyncio task. A call joins its kind's queue at once;
+one worker per kind takes everything queued whenever it is free (continuous batching at the batch
+level: a call never waits for a wave, only for the batch in progress), the model's generations and
+scorings in one thread, searches in another, so searches overlap generation. Results come back in
+question order; batching, identical-request reuse (`dedup`) and metering are the stepped executor's.
+
+Backends are called as they are (`lm.generate`, `lm.score`, `retriever.search` on lists), so this runs
+on every backend. Submitting each call to vLLM's own asynchronous engine, so that it joins the running
+batch token by token, is the next step; it needs only another `_Queue.call`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from typing import Any
+
+from corag.budget import Meter
+from corag.executor import Context, Executor, _Op
+from corag.lm.base import LM
+from corag.retrieval.base import Retriever
+
+
+async def gather_cancelling(coros: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Run coroutines concurrently, results in argument order; the first failure (in argument order
+    among those that failed) cancels the others and is raised, as the stepped executor's gather does."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except asyncio.CancelledError:
+        for t in tasks:
+            t.cancel()
+        raise
+    failed = [t for t in tasks if t in done and not t.cancelled() and t.exception() is not None]
+    if failed:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        raise failed[0].exception()  # type: ignore[misc]
+    return [t.result() for t in tasks]
+
+
+class _Queue:
+    """Calls of one kind: a worker runs everything queued as one batch in a thread whenever it is free."""
+
+    def __init__(self, call: Callable[[list[Any]], list[Any]]) -> None:
+        self.call = call
+        self.pending: list[tuple[Any, asyncio.Future]] = []
+        self.busy = False
+
+    def submit(self, payload: Any) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.pending.append((payload, future))
+        if not self.busy:
+            self.busy = True
+            loop.create_task(self._drain())
+        return future
+
+    async def _drain(self) -> None:
+        try:
+            while self.pending:
+                await asyncio.sleep(0)  # questions resumed in this turn of the loop join the batch
+                batch, self.pending = self.pending, []
+                try:
+                    outputs = await asyncio.to_thread(self.call, [p for p, _ in batch])
+                except Exception as error:  # every caller of the batch sees it
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(error)
+                    continue
+                for (_, future), output in zip(batch, outputs, strict=True):
+                    if not future.done():  # a cancelled question leaves a cancelled future
+                        future.set_result(output)
+        finally:
+            self.busy = False
+
+
+class AsyncExecutor:
+    """Runs strategy coroutines as asyncio tasks with batched, overlapping backend calls.
+
+    Contexts must come from `context()` (they submit to this executor). `max_active` bounds the
+    questions in flight; `run` returns results in input order.
+    """
+
+    def __init__(
+        self, lm: LM, retriever: Retriever | None = None, max_active: int = 256, dedup: bool = True
+    ) -> None:
+        self.calls = Executor(lm, retriever, max_active=max_active, dedup=dedup)  # batching and reuse
+        self.lm, self.retriever, self.max_active = lm, retriever, max_active
+        self._model = threading.Lock()  # generations and scorings share the model: one batch at a time
+        self._queues: dict[str, _Queue] = {}
+
+    @property
+    def batches(self) -> dict[str, int]:
+        return self.calls.batches
+
+    @property
+    def dedup_stats(self) -> dict[str, int]:
+        return self.calls.dedup_stats
+
+    def context(self, budget: int | None = None) -> Context:
+        return Context(self.lm, self.retriever, Meter(budget=budget), submit=self._submit)
+
+    async def _submit(self, op: _Op) -> Any:
+        if op.kind == "search" and self.retriever is None:
+            raise RuntimeError("this strategy needs a retriever, but none was given")
+        return await self._queues[op.kind].submit(op.payload)
+
+    def _model_call(self, kind: str) -> Callable[[list[Any]], list[Any]]:
+        def call(payloads: list[Any]) -> list[Any]:
+            with self._model:
+                return self.calls._model_calls(kind, payloads)
+
+        return call
+
+    def run(self, coros: Iterable[Coroutine[Any, Any, Any]]) -> list[Any]:
+        """Run all coroutines to completion; results in input order."""
+        return asyncio.run(self._run(list(coros)))
+
+    def stream(self, coros: Iterable[Coroutine[Any, Any, Any]]) -> Iterator[tuple[int, Any]]:
+        """Yield (index, result) as each question finishes (the loop runs in a thread meanwhile);
+        a failure is raised here after the run has stopped."""
+        finished: queue.Queue = queue.Queue()
+        done = object()
+
+        def work() -> None:
+            try:
+                asyncio.run(self._run(list(coros), lambda i, r: finished.put((i, r))))
+                finished.put(done)
+            except BaseException as error:  # handed to the consuming thread
+                finished.put(error)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        while (item := finished.get()) is not done:
+            if isinstance(item, BaseException):
+                thread.join()
+                raise item
+            yield item
+        thread.join()
+
+    async def _run(
+        self, coros: list[Coroutine[Any, Any, Any]], on_result: Callable[[int, Any], None] | None = None
+    ) -> list[Any]:
+        self._queues = {
+            "generate": _Queue(self._model_call("generate")),
+            "score": _Queue(self._model_call("score")),
+            "search": _Queue(self.calls._search),
+        }
+        slots = asyncio.Semaphore(self.max_active)
+        results: list[Any] = [None] * len(coros)
+
+        async def one(index: int, coro: Coroutine[Any, Any, Any]) -> None:
+            try:
+                results[index] = await coro
+                if on_result is not None:
+                    on_result(index, results[index])
+            finally:
+                slots.release()
+
+        tasks = []
+        try:
+            for index, coro in enumerate(coros):
+                await slots.acquire()
+                task = asyncio.create_task(one(index, coro))
+                tasks.append(task)
+                failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+                if failed:
+                    raise failed[0].exception()  # type: ignore[misc]
+            await gather_cancelling(tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for coro in coros[len(tasks) :]:
+                coro.close()
+        return results

@@ -1,0 +1,174 @@
+"""The node launcher (`sampling/launch_node.sh`): the shards of a sampling run on this node's devices.
+
+    sampling/launch_node.sh CONFIG [--node-index I] [--num-nodes N] [--num-shards S]
+                            [--tensor-parallel-size T] [--log-dir logs] [-- flags for corag sample]
+
+The run's shards are fixed by the config (`num_shards`), never by the hardware: node I of N runs
+engines on its devices, `tensor_parallel_size` devices each, and engine e of the W = N x engines
+workers of the run samples shards e, e + W, e + 2W, ... one after another. Resubmitting on other nodes,
+or with another number of GPUs, keeps every shard's name, so unfinished shards resume and the merge
+finds them all.
+
+The devices are the allocation's: CUDA_VISIBLE_DEVICES as Slurm (or the user) set it, else Slurm's
+SLURM_STEP_GPUS / SLURM_JOB_GPUS, else every GPU `nvidia-smi` lists; none at all runs one engine on the
+CPU. Each engine gets its devices as CUDA_VISIBLE_DEVICES, a subset of what the allocation gave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from corag.config import load_yaml
+from corag.errors import InputError
+
+
+def visible_devices(env: Mapping[str, str]) -> list[str] | None:
+    """The GPUs this node may use, as CUDA_VISIBLE_DEVICES entries, or None when there are none."""
+    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        if name in env:
+            devices = [d.strip() for d in env[name].split(",") if d.strip()]
+            return devices if devices and devices != ["-1"] else None
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    count = sum(1 for line in listed.splitlines() if line.startswith("GPU "))
+    return [str(i) for i in range(count)] or None
+
+
+def engine_devices(devices: list[str] | None, tensor_parallel_size: int) -> list[list[str] | None]:
+    """The devices of each engine on this node: consecutive groups of `tensor_parallel_size`."""
+    if tensor_parallel_size < 1:
+        raise InputError(f"must be at least 1, got {tensor_parallel_size}", field="tensor_parallel_size")
+    if devices is None:
+        return [None]
+    if len(devices) < tensor_parallel_size:
+        raise InputError(
+            f"this node has {len(devices)} GPU(s) ({','.join(devices)}), an engine needs "
+            f"{tensor_parallel_size}",
+            field="tensor_parallel_size",
+        )
+    engines = len(devices) // tensor_parallel_size
+    if engines * tensor_parallel_size < len(devices):
+        unused = devices[engines * tensor_parallel_size :]
+        print(
+            f"launch: GPU(s) {','.join(unused)} left unused (tensor_parallel_size {tensor_parallel_size})",
+            file=sys.stderr,
+        )
+    return [devices[e * tensor_parallel_size : (e + 1) * tensor_parallel_size] for e in range(engines)]
+
+
+def worker_shards(worker: int, workers: int, num_shards: int) -> list[int]:
+    """The shards one engine of the run samples, in order."""
+    return list(range(worker, num_shards, workers))
+
+
+def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The launcher's own arguments and the flags after `--` (passed to every shard)."""
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    return argv, []
+
+
+def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    own, passed = _split(argv)
+    ap = argparse.ArgumentParser(prog="launch_node.sh", description=__doc__.splitlines()[0])
+    ap.add_argument("config", help="sampling config (YAML); its num_shards names the run's shards")
+    ap.add_argument("--node-index", type=int, default=0, help="this node's index in the run (from 0)")
+    ap.add_argument("--num-nodes", type=int, default=1, help="nodes that run this config together")
+    ap.add_argument("--num-shards", type=int, default=None, help="override the config's num_shards")
+    ap.add_argument(
+        "--tensor-parallel-size", type=int, default=None, help="GPUs per engine (default: the config's)"
+    )
+    ap.add_argument("--log-dir", default="logs", help="one log file per shard (created when missing)")
+    ap.add_argument(
+        "--command",
+        default=os.environ.get("CORAG_LAUNCH_COMMAND", f"{shlex.quote(sys.executable)} -m corag.cli sample"),
+        help="the program each shard runs (default: $CORAG_LAUNCH_COMMAND, else this Python's `corag sample`)",
+    )
+    args = ap.parse_args(own)
+    if not 0 <= args.node_index < args.num_nodes:
+        ap.error(f"need 0 <= --node-index < --num-nodes, got {args.node_index} and {args.num_nodes}")
+    return args, passed
+
+
+def _setting(args: argparse.Namespace, values: dict, name: str, default: int | None) -> int:
+    given = getattr(args, name)
+    value = given if given is not None else values.get(name, default)
+    if value is None:
+        raise InputError(
+            f"set {name} in the config (or --{name.replace('_', '-')}): shard names must not depend on "
+            "how many GPUs a node has",
+            file=args.config,
+            field=name,
+        )
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InputError(f"must be a positive integer, got {value!r}", file=args.config, field=name)
+    return value
+
+
+def _run_worker(
+    command: list[str], shards: list[int], env: dict[str, str], log_dir: Path, failed: list[int]
+) -> None:
+    """Sample `shards` one after another with one engine; a failed shard is recorded, the next one runs."""
+    for shard in shards:
+        with open(log_dir / f"sample-shard-{shard:05d}.log", "ab") as log:
+            code = subprocess.run(
+                [*command, "--shard", str(shard)], env=env, stdout=log, stderr=subprocess.STDOUT
+            ).returncode
+        if code != 0:
+            print(f"launch: shard {shard} exited with status {code} (see its log)", file=sys.stderr)
+            failed.append(shard)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, passed = _parse(sys.argv[1:] if argv is None else argv)
+    values = load_yaml(args.config)
+    num_shards = _setting(args, values, "num_shards", None)
+    tp = _setting(args, values, "tensor_parallel_size", 1)
+    groups = engine_devices(visible_devices(os.environ), tp)
+    workers = args.num_nodes * len(groups)
+    if workers > num_shards:
+        print(f"launch: {workers} engines for {num_shards} shards; some engines stay idle", file=sys.stderr)
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    base = [*shlex.split(args.command), "--config", args.config, "--num_shards", str(num_shards)]
+    if args.tensor_parallel_size is not None:
+        base += ["--tensor_parallel_size", str(tp)]
+    failed: list[int] = []
+    threads = []
+    for local, devices in enumerate(groups):
+        worker = args.node_index * len(groups) + local
+        shards = worker_shards(worker, workers, num_shards)
+        env = dict(os.environ)
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        where = ",".join(devices) if devices else "cpu"
+        print(f"launch: engine {worker} on {where}: shards {shards} of {num_shards}", file=sys.stderr)
+        thread = threading.Thread(target=_run_worker, args=([*base, *passed], shards, env, log_dir, failed))
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    if failed:
+        print(
+            f"launch: shard(s) {sorted(failed)} failed; run the same command again to resume", file=sys.stderr
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    from corag.cli import run_command
+
+    sys.exit(run_command("launch", main, sys.argv[1:]))

@@ -1,0 +1,214 @@
+"""The cluster launchers: the node launcher, the Slurm array script and the retrieval service script,
+run as a user runs them, with a fake `nvidia-smi` and Slurm's variables."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from corag.retrieval.bm25 import BM25Retriever, build_bm25_folder
+from corag.retrieval.client import RetrieverClient
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Stands for `corag sample`: records its arguments and devices, one JSON line per run.
+RECORDER = """
+import json, os, sys
+with open(os.environ["LAUNCH_RECORD"], "a") as f:
+    f.write(json.dumps({"argv": sys.argv[1:], "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\\n")
+sys.exit(3 if "--fail" in sys.argv else 0)
+"""
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A folder with a fake nvidia-smi listing 8 GPUs, a recorder command and a sampling config."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        '#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; done\n'
+    )
+    smi.chmod(0o755)
+    (tmp_path / "record.py").write_text(RECORDER)
+    config = tmp_path / "sample.yaml"
+    config.write_text("model: m\nnum_shards: 6\ntensor_parallel_size: 2\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE_DEVICES"))}
+    env.update(
+        PATH=f"{bin_dir}:{env['PATH']}",
+        PYTHON=sys.executable,
+        PYTHONPATH=f"{ROOT}:{env.get('PYTHONPATH', '')}",
+        LAUNCH_RECORD=str(tmp_path / "record.jsonl"),
+    )
+    return tmp_path, config, env
+
+
+def launch(cluster, *args: str, env: dict | None = None, script: str = "launch_node.sh"):
+    tmp, config, base = cluster
+    command = f"{sys.executable} {tmp / 'record.py'}"
+    argv = ["bash", str(ROOT / "sampling" / script), str(config), *args]
+    if script == "launch_node.sh":
+        argv[3:3] = ["--command", command, "--log-dir", str(tmp / "logs")]
+    else:
+        base = {**base, "CORAG_LAUNCH_COMMAND": command}
+    return subprocess.run(argv, env={**base, **(env or {})}, cwd=tmp, capture_output=True, text=True)
+
+
+def records(cluster) -> list[dict]:
+    path = cluster[0] / "record.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    for row in rows:
+        argv = row["argv"]
+        row["shard"] = int(argv[len(argv) - 1 - argv[::-1].index("--shard") + 1])
+        row["num_shards"] = int(argv[argv.index("--num_shards") + 1])
+    return rows
+
+
+def test_engines_get_tensor_parallel_groups_of_the_listed_gpus(cluster):
+    done = launch(cluster, "--", "--limit", "10")
+    assert done.returncode == 0, done.stderr
+    rows = records(cluster)
+    assert sorted(r["shard"] for r in rows) == list(range(6)) and {r["num_shards"] for r in rows} == {6}
+    by_devices: dict[str, list[int]] = {}
+    for r in rows:
+        by_devices.setdefault(r["devices"], []).append(r["shard"])
+        assert r["argv"][r["argv"].index("--limit") + 1] == "10"
+    assert {d: sorted(s) for d, s in by_devices.items()} == {
+        "0,1": [0, 4],
+        "2,3": [1, 5],
+        "4,5": [2],
+        "6,7": [3],
+    }
+    assert sorted(p.name for p in (cluster[0] / "logs").iterdir()) == [
+        f"sample-shard-{i:05d}.log" for i in range(6)
+    ]
+
+
+def test_the_allocations_devices_are_respected(cluster):
+    done = launch(cluster, env={"CUDA_VISIBLE_DEVICES": "5,6,7"})
+    assert done.returncode == 0, done.stderr
+    rows = records(cluster)
+    assert {r["devices"] for r in rows} == {"5,6"}  # one engine of 2; GPU 7 left over
+    assert sorted(r["shard"] for r in rows) == list(range(6))
+    assert "7 left unused" in done.stderr
+
+
+def test_slurm_gpus_without_cuda_visible_devices(cluster):
+    done = launch(cluster, "--tensor-parallel-size", "1", env={"SLURM_JOB_GPUS": "2,3"})
+    assert done.returncode == 0, done.stderr
+    rows = records(cluster)
+    assert {r["devices"] for r in rows} == {"2", "3"}
+    assert all(r["argv"][r["argv"].index("--tensor_parallel_size") + 1] == "1" for r in rows)
+
+
+def test_shard_names_do_not_depend_on_the_hardware(cluster):
+    """Two nodes of 4 GPUs, then three nodes of 2 GPUs: the same six shard names each time."""
+    for node in range(2):
+        env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+        assert launch(cluster, "--node-index", str(node), "--num-nodes", "2", env=env).returncode == 0
+    first = records(cluster)
+    (cluster[0] / "record.jsonl").unlink()
+    for node in range(3):
+        env = {"CUDA_VISIBLE_DEVICES": "0,1"}
+        assert launch(cluster, "--node-index", str(node), "--num-nodes", "3", env=env).returncode == 0
+    second = records(cluster)
+    assert sorted(r["shard"] for r in first) == sorted(r["shard"] for r in second) == list(range(6))
+
+
+def test_cpu_only_node_runs_one_engine(cluster, tmp_path):
+    broken = tmp_path / "no-gpu"
+    broken.mkdir()
+    (broken / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    (broken / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{broken}:{Path(sys.executable).parent}:/usr/bin:/bin"}  # a driver-less node
+    done = launch(cluster, env=env)
+    assert done.returncode == 0, done.stderr
+    rows = records(cluster)
+    assert [r["shard"] for r in rows] == list(range(6)) and {r["devices"] for r in rows} == {None}
+
+
+def test_bad_launches_are_refused(cluster):
+    tmp, config, _ = cluster
+    done = launch(cluster, "--node-index", "2", "--num-nodes", "2")
+    assert done.returncode == 2 and "node-index" in done.stderr
+    config.write_text("model: m\n")
+    done = launch(cluster)
+    assert done.returncode == 2 and "num_shards" in done.stderr and records(cluster) == []
+    config.write_text("model: m\nnum_shards: 2\ntensor_parallel_size: 4\n")
+    done = launch(cluster, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert done.returncode == 2 and "tensor_parallel_size" in done.stderr
+
+
+def test_a_failed_shard_fails_the_node_after_the_others_ran(cluster):
+    done = launch(cluster, "--", "--fail")
+    assert done.returncode == 1 and "failed" in done.stderr
+    assert sorted(r["shard"] for r in records(cluster)) == list(range(6))
+
+
+@pytest.mark.parametrize(
+    "task, first, last, step, node, nodes",
+    [(17, 16, 17, None, 1, 2), (0, 0, 2, None, 0, 3), (4, 0, 4, 2, 2, 3)],
+)
+def test_slurm_array_from_any_offset(cluster, task, first, last, step, node, nodes):
+    env = {
+        "SLURM_ARRAY_TASK_ID": str(task),
+        "SLURM_ARRAY_TASK_MIN": str(first),
+        "SLURM_ARRAY_TASK_MAX": str(last),
+        "SLURM_SUBMIT_DIR": str(cluster[0]),
+        "CUDA_VISIBLE_DEVICES": "0,1",
+    }
+    if step is not None:
+        env["SLURM_ARRAY_TASK_STEP"] = str(step)
+    done = launch(cluster, "--", "--limit", "5", env=env, script="slurm_array.sh")
+    assert done.returncode == 0, done.stderr
+    assert f"engine {node} on 0,1" in done.stderr
+    assert [r["shard"] for r in records(cluster)] == list(range(node, 6, nodes))
+    assert (cluster[0] / "logs").is_dir()
+
+
+def test_slurm_array_outside_an_array_job_says_so(cluster):
+    done = launch(cluster, script="slurm_array.sh")
+    assert done.returncode != 0 and "sbatch --array" in done.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_retriever_script_writes_its_url(cluster, toy_world):
+    tmp, _, env = cluster
+    build_bm25_folder([toy_world.passages], tmp / "bm25")
+    port = free_port()
+    url_file = tmp / "run" / "retriever.url"
+    env = {**env, "PORT": str(port), "CORAG_SERVICE_HOST": "127.0.0.1"}
+    script = [str(ROOT / "sampling" / "serve_retriever.sh"), str(tmp / "bm25"), str(url_file)]
+    proc = subprocess.Popen(
+        ["bash", *script], env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not url_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()
+            time.sleep(0.2)
+        url = url_file.read_text().strip()
+        assert url == f"http://127.0.0.1:{port}"
+        queries = ["What is the country of Netu?"]
+        with RetrieverClient(url) as client:
+            assert client.search(queries, 3) == BM25Retriever.from_passages(toy_world.passages).search(
+                queries, 3
+            )
+        assert httpx.get(f"{url}/health").json()["index"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert not url_file.exists()
