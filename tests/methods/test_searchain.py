@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 
 from hypothesis import given, settings
@@ -103,8 +104,13 @@ Question: next?
     )
 )
 def test_parser_never_raises(parts: list[str]) -> None:
-    chain = parse_chain("".join(parts))
+    text = "".join(parts)
+    chain = parse_chain(text)
     assert isinstance(chain.answer, str)
+    # any text with a word outside the tags and markers gives an answer
+    answer, _ = chain_answer(chain, text)
+    words = re.sub(r"\[[^\]]*\]", " ", text)
+    assert bool(answer) or not re.search(r"\w", words)
     for marker in chain.markers():
         chain.node_for_marker(marker)
     assert [n.number for n in chain.nodes] == list(range(1, len(chain.nodes) + 1))
