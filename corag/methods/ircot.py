@@ -387,5 +387,5 @@ async def ircot(
         demonstrations_kept=demos_kept,
         stop_reason=stop_reason,
         answer_source=source,
-        parse_failures=int(source != "format" and stop_reason != "budget"),
+        parse_failures=int(source != "format" and bool(calls) and calls[-1]["purpose"].startswith("reader")),
     )

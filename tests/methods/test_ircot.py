@@ -399,3 +399,13 @@ def test_a_cot_sentence_loses_its_answer_marker() -> None:
         "So the answer is: Mara Velden.",
     ]
     assert record["cot_answer"] == "Mara Velden"
+
+
+def test_a_budget_too_small_for_any_call_is_no_parse_failure() -> None:
+    corpus = DictCorpus([passage(i) for i in range(20)])
+    retriever = ScriptedRetriever(lambda q, k: ["p1"])
+    lm = sentences_lm(["Fact one."])
+    ctx = Context(lm, retriever, Meter(budget=10))
+    record = Executor(lm, retriever).run([ircot(ctx, QUESTION, corpus=corpus)])[0]
+    assert record["calls"] == [] and record["predictions"] == ""
+    assert record["answer_source"] == "none" and record["parse_failures"] == 0
