@@ -3,10 +3,11 @@
 A *run* is one method with fixed settings (`greedy:L=3`, `best_of_n:L=3:N=4`, `ircot:k=4`, ...).
 `parse_runs` expands a grid (`best_of_n:L=2,4:N=2,4` is four runs). Each run writes
 `<out>/<run>/predictions.jsonl` (appended per question, so an interrupted evaluation resumes) and
-`<out>/<run>/metrics.json` (and, for KILT tasks, `kilt_submission.jsonl`; with `--official-files`,
-the official inference's `preds_*.jsonl` and `metrics_*.json`); the sweep writes `results.md`,
-`results.csv` and `scaling.png` (accuracy against mean tokens per question, with the Pareto frontier
-and, when it has four points or more, its log fit). Answers are scored by each benchmark's official
+`<out>/<run>/metrics.json` (scores, answer parse failures, wall time and the run's settings; for KILT
+tasks also `kilt_submission.jsonl`; with `--official-files`, the official inference's `preds_*.jsonl`
+and `metrics_*.json`). `results.md`, `results.csv` and `scaling.png` (accuracy against mean tokens per
+question, with the Pareto frontier and, when it has four points or more, its log fit) hold every run
+in the output folder, those of earlier calls included. Answers are scored by each benchmark's official
 rule (`--rules official`) or the CoRAG release's (`--rules corag`, the paper's numbers).
 """
 
@@ -16,9 +17,11 @@ import argparse
 import itertools
 import json
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -279,7 +282,9 @@ def score_records(
     question's retrieval alone and for all the chain's lists fused by RRF; with `pages` (passage ids ->
     Wikipedia page ids), KILT's page-level R-precision and recall@k where gold pages exist. Test
     questions (no gold answers) get no answer metrics. The official release's keys come along
-    (`num_samples`, `token_consumed`, `average_token_consumed_per_sample`)."""
+    (`num_samples`, `token_consumed`, `average_token_consumed_per_sample`). Counts of the records'
+    answers: `empty_predictions`, `answer_fallbacks` (answers a method took from free text because
+    the reply missed its format) and `parse_failures` (replies that missed the format, summed)."""
     rows, by_hops, kilt_rows = [], defaultdict(list), []
     recall: dict[str, list[float]] = defaultdict(list)
     costs = [r for r in records if r is not None]
@@ -316,6 +321,9 @@ def score_records(
     summary["count"] = len(examples)
     summary["answered"] = len(rows)
     summary["missing"] = len(records) - len(costs)
+    summary["empty_predictions"] = sum(not record_answer(r).strip() for r in costs)
+    summary["answer_fallbacks"] = sum(r.get("answer_source") == "text" for r in costs)
+    summary["parse_failures"] = sum(int(r.get("parse_failures") or 0) for r in costs)
     summary["rules"] = rules
     summary["em_by_hops"] = {str(h): 100 * sum(v) / len(v) for h, v in sorted(by_hops.items())}
     summary.update({key: 100 * sum(v) / len(v) for key, v in sorted(recall.items())})
@@ -344,12 +352,33 @@ def write_results(results: dict[str, dict[str, Any]], out_dir: Path, metric: str
     names = list(results)
     png = plot_scaling(
         names,
-        [max(results[n]["tokens_per_question"], 1.0) for n in names],
-        [results[n][metric] for n in names],
+        [max(results[n].get("tokens_per_question", 0.0), 1.0) for n in names],
+        [results[n].get(metric, 0.0) for n in names],
         out_dir / "scaling.png",
         ylabel=metric.upper(),
     )
     return {"table": md, "csv": csv_path, "plot": png}
+
+
+def folder_results(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every run's metrics in an evaluation folder (`<out>/<run>/metrics.json`), by run name, in the
+    order they finished (earlier calls' runs included); a file that is not JSON is a one-line error."""
+    found = []
+    for path in sorted(out_dir.glob("*/metrics.json")):
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"invalid JSON ({exc.msg})", file=str(path), line=exc.lineno) from None
+        if isinstance(summary, dict):
+            found.append((str(summary.get("finished_at", "")), summary.get("run", path.parent.name), summary))
+    found.sort(key=lambda item: item[0])
+    return {name: summary for _, name, summary in found}
+
+
+def run_settings(args: argparse.Namespace, run: Run) -> dict[str, Any]:
+    """What made a run: its method and settings, and the command's options (paths as text)."""
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    return {"method": run.method, "method_settings": dict(run.kwargs), **options}
 
 
 # Official files ---------------------------------------------------------------------------------------
@@ -505,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     kilt = any(get_task(e.task).is_kilt for e in examples)
     title_ids = read_page_ids(args.page_ids) if args.page_ids else None
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     if args.predictions:
         corpus = Corpus.load(args.corpus) if args.corpus else None
         records = read_predictions(
@@ -512,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         summary = score_records(examples, records, args.rules, pages=_page_lookup(corpus, title_ids))
         summary.update(eval_task=eval_task(examples), eval_split=split)
+        options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        summary.update(wall_seconds=round(time.perf_counter() - started, 3), settings=options)
         _write_json(args.out_dir / "metrics.json", summary)
         if kilt:
             ids = [e.id for e in examples]
@@ -539,8 +571,8 @@ def main(argv: list[str] | None = None) -> int:
 
         extra["demonstrations"] = load_demonstrations(args.demonstrations)
     pages = _page_lookup(corpus, title_ids)
-    results = {}
     for run in runs:
+        run_started = time.perf_counter()
         folder = args.out_dir / run.name.replace(":", "_").replace("=", "")
         method_extra = extra if run.method in ("ircot", "one_step", "no_retrieval") else {}
         if run.method in STRATEGIES:
@@ -556,12 +588,17 @@ def main(argv: list[str] | None = None) -> int:
             summary.update(decode_strategy=strategy, max_path_length=length)
             if args.official_files:
                 write_official_files(folder, run, examples, records, split)
-        results[run.name] = summary
+        summary.update(
+            run=run.name,
+            wall_seconds=round(time.perf_counter() - run_started, 3),
+            finished_at=datetime.now(timezone.utc).isoformat(),
+            settings=run_settings(args, run),
+        )
         _write_json(folder / "metrics.json", summary)
         if kilt:
             ids = [e.id for e in examples]
             write_kilt_submission(folder / "kilt_submission.jsonl", ids, records, corpus, title_ids)
-    paths = write_results(results, args.out_dir)
+    paths = write_results(folder_results(args.out_dir), args.out_dir)
     print(paths["table"].read_text())
     print(f"predictions and metrics in {args.out_dir}/<run>/; table {paths['table']}; plot {paths['plot']}")
     return 0

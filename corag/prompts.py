@@ -2,7 +2,8 @@
 
 The three CoRAG calls (sub-query, sub-answer, final answer) reproduce byte for byte the strings the
 released CoRAG checkpoints were trained on; change them and those checkpoints stop working. Each call is
-one user message, rendered later with the model's own chat template.
+one user message, rendered later with the model's own chat template. IRCoT's and SearChain's prompts
+are chat turns (see their section below).
 """
 
 from __future__ import annotations
@@ -189,27 +190,27 @@ def parse_subquery(text: str, first_line: bool = False) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # IRCoT and SearChain (corag/methods). Neither paper's checkpoints depend on exact strings, so these
-# templates are the project's own wording. Both methods were designed for completion models; here each
-# prompt is ONE user message (a chat model answers it as its assistant turn). IRCoT's message holds the
-# demonstrations, the paragraphs, `Q: {question}` and the `A: {cot so far}` prefix that the model
-# continues, exactly as a completion model would have seen them, behind one line of instruction.
+# templates are the project's own wording. Both methods were designed for completion models; here they
+# are laid out as chat turns, keeping the official formats inside the turns. IRCoT: each demonstration is
+# a user turn (its paragraphs and `Q: {question}`) and an assistant turn (its answer or CoT: the reply
+# plays the part of the official `A:`); the instruction opens the first user turn; the question's own
+# turn comes last, and the CoT so far is the start of the assistant's reply, which the model continues.
+# SearChain: the worked example is a user turn and the assistant's chain; the question is the next turn.
 # ---------------------------------------------------------------------------------------------------
 
 IRCOT_PARAGRAPH_WORDS = 350  # paragraph text shown to the model is cut to this many words
-IRCOT_DEMO_SEPARATOR = "\n\n\n"
 
 IRCOT_COT_INSTRUCTION = (
-    "Answer the last question in the style of the examples: reason step by step from the Wikipedia "
-    'paragraphs, continuing the text after "A:" with the next sentence only. When the answer is known, '
-    'write "So the answer is: <answer>."'
+    "Answer the question by reasoning step by step from the Wikipedia paragraphs, one short sentence "
+    'at a time. When the answer is known, write "So the answer is: <answer>."'
 )
 IRCOT_DIRECT_READER_INSTRUCTION = (
-    "Answer the last question in the style of the examples, using the Wikipedia paragraphs where they "
-    'are given. Write only the answer after "A:", do not explain yourself.'
+    "Answer the question using the Wikipedia paragraphs where they are given. Reply with the answer "
+    "only, in a few words, without explaining."
 )
 IRCOT_COT_READER_INSTRUCTION = (
-    "Answer the last question in the style of the examples: reason step by step from the Wikipedia "
-    'paragraphs where they are given, and end with "So the answer is: <answer>."'
+    "Answer the question by reasoning step by step from the Wikipedia paragraphs where they are given, "
+    'and end with "So the answer is: <answer>."'
 )
 
 
@@ -218,28 +219,38 @@ def ircot_paragraph(title: str, text: str, max_words: int = IRCOT_PARAGRAPH_WORD
     return f"Wikipedia Title: {title}\n{' '.join(text.split()[:max_words])}"
 
 
-def ircot_block(paragraphs: Sequence[str], question: str, answer: str) -> str:
-    """Rendered paragraphs (blank-line joined), then `Q: {question}` and `A: {answer}`."""
-    qa = f"Q: {question}\nA: {answer}".rstrip()
-    return "\n\n".join([*paragraphs, qa])
+def ircot_question(paragraphs: Sequence[str], question: str) -> str:
+    """A question's user turn: rendered paragraphs (blank-line joined), then `Q: {question}`."""
+    return "\n\n".join([*paragraphs, f"Q: {question}"])
 
 
-def ircot_messages(instruction: str, demos: Sequence[str], block: str) -> list[Message]:
-    """One user message: the instruction, the rendered demonstrations, then the question's block."""
-    return _user(IRCOT_DEMO_SEPARATOR.join([instruction, *demos, block]))
+def ircot_messages(
+    instruction: str, demos: Sequence[tuple[str, str]], question: str, reply_start: str = ""
+) -> list[Message]:
+    """The chat turns: each demonstration's (user, assistant) pair, then the question's user turn, the
+    instruction opening the first user turn; a non-empty `reply_start` (the CoT so far) opens the
+    assistant's reply, which the model continues."""
+    users = [user for user, _ in demos] + [question]
+    users[0] = f"{instruction}\n\n{users[0]}"
+    messages: list[Message] = []
+    for user, (_, reply) in zip(users, demos, strict=False):
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    messages.append({"role": "user", "content": users[-1]})
+    if reply_start:
+        messages.append({"role": "assistant", "content": reply_start})
+    return messages
 
 
 SEARCHAIN_INSTRUCTION = """Answer the question by building a chain of queries. Each node of the chain is one simple query for a search engine, written "[Query k]: ...", followed by its answer, written "[Answer k]: ...". When you do not know the answer of a query, write "[Unsolved Query]: ..." with the query again instead of an answer. Number the nodes 1, 2, 3, ... and use the answers of earlier nodes in later queries. End with "[Final Content]: ...", which answers the question from the nodes, cites each node it uses as [k], and ends with "So the answer is: <answer>."
 
-Example:
-Question: In which country was the director of the film Blue Harbour born?
-[Query 1]: Who is the director of the film Blue Harbour?
+Question: {question}"""
+
+SEARCHAIN_EXAMPLE_QUESTION = "In which country was the director of the film Blue Harbour born?"
+SEARCHAIN_EXAMPLE_CHAIN = """[Query 1]: Who is the director of the film Blue Harbour?
 [Answer 1]: Mara Velden
 [Query 2]: In which country was Mara Velden born?
 [Answer 2]: Norway
-[Final Content]: The film Blue Harbour was directed by Mara Velden [1], who was born in Norway [2]. So the answer is: Norway.
-
-Question: {question}"""
+[Final Content]: The film Blue Harbour was directed by Mara Velden [1], who was born in Norway [2]. So the answer is: Norway."""
 
 SEARCHAIN_FEEDBACK = """According to this reference, the answer to "{query}" should be "{answer}". You can change your answer and continue the chain of queries for the question: {question}
 
@@ -247,8 +258,13 @@ Reference: {reference}"""
 
 
 def searchain_messages(question: str) -> list[Message]:
-    """SearChain's first turn: the Chain-of-Query instruction with one example, then the question."""
-    return _user(SEARCHAIN_INSTRUCTION.replace("{question}", question))
+    """SearChain's opening turns: the instruction with the example's question, the example's chain as
+    the assistant's reply, then the question in the same format."""
+    return [
+        {"role": "user", "content": SEARCHAIN_INSTRUCTION.replace("{question}", SEARCHAIN_EXAMPLE_QUESTION)},
+        {"role": "assistant", "content": SEARCHAIN_EXAMPLE_CHAIN},
+        {"role": "user", "content": f"Question: {question}"},
+    ]
 
 
 def searchain_feedback(question: str, query: str, answer: str, reference: str) -> Message:

@@ -4,10 +4,9 @@ python evaluation/plot.py runs/eval/hotpotqa [--metric f1]
 """
 
 import argparse
-import json
 from pathlib import Path
 
-from corag.evaluation import write_results
+from corag.evaluation import folder_results, write_results
 
 
 def main() -> None:
@@ -15,9 +14,7 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--metric", default="em")
     args = parser.parse_args()
-    results = {
-        path.parent.name: json.loads(path.read_text()) for path in sorted(args.folder.glob("*/metrics.json"))
-    }
+    results = folder_results(args.folder)
     if not results:
         raise SystemExit(f"no */metrics.json under {args.folder}")
     paths = write_results(results, args.folder, metric=args.metric)

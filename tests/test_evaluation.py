@@ -530,3 +530,55 @@ def test_evaluate_a_checkpoint_from_context_doc_ids_with_official_files(
         json.loads(line) for line in (run / "preds_greedy_toy_validation.jsonl").read_text().splitlines()
     ]
     assert [p["prediction"] for p in preds] == [r["predictions"] for r in records]
+
+
+def test_runs_of_separate_calls_meet_in_one_table_with_wall_time_and_settings(
+    toy_world, toy_dir, short_model_dir, tmp_path, capsys
+):
+    from corag.retrieval.bm25 import build_bm25_folder
+
+    build_bm25_folder([toy_world.passages], tmp_path / "bm25")
+    common = ["--model", short_model_dir, "--data", toy_dir / "test.jsonl", "--corpus", toy_dir / "corpus.jsonl",
+              "--retriever", tmp_path / "bm25", "--limit", 2, "--out-dir", tmp_path / "o"]  # fmt: skip
+    assert evaluate(capsys, *common, "--methods", "no_retrieval:reader_max_new_tokens=4")[0] == 0
+    assert evaluate(capsys, *common, "--methods", "greedy:L=1", "--budget", 5000)[0] == 0
+    runs = ["no_retrieval:reader_max_new_tokens=4", "greedy:L=1"]
+    table = (tmp_path / "o" / "results.md").read_text().splitlines()
+    assert [line.split(" | ")[0].lstrip("| ") for line in table[2:]] == runs
+    csv_runs = [line.split(",")[0] for line in (tmp_path / "o" / "results.csv").read_text().splitlines()[1:]]
+    assert csv_runs == runs
+    first = metrics_of(tmp_path / "o" / "no_retrieval_reader_max_new_tokens4")
+    second = metrics_of(tmp_path / "o" / "greedy_L1")
+    assert first["run"] == runs[0] and second["run"] == runs[1]
+    assert first["wall_seconds"] > 0 and second["wall_seconds"] > 0
+    assert first["finished_at"] < second["finished_at"]
+    assert first["settings"]["method"] == "no_retrieval"
+    assert first["settings"]["method_settings"] == {"reader_max_new_tokens": 4}
+    assert second["settings"]["method_settings"] == {"max_steps": 1}
+    assert second["settings"]["budget"] == 5000 and first["settings"]["budget"] is None
+    assert second["settings"]["data"] == str(toy_dir / "test.jsonl") and second["settings"]["limit"] == 2
+    for metrics in (first, second):
+        assert {"empty_predictions", "answer_fallbacks", "parse_failures"} <= set(metrics)
+    # the first run's parse counts are those of its records
+    lines = (tmp_path / "o" / "no_retrieval_reader_max_new_tokens4" / "predictions.jsonl").read_text()
+    records = [json.loads(line) for line in lines.splitlines()]
+    assert first["parse_failures"] == sum(r["parse_failures"] for r in records)
+    assert first["empty_predictions"] == sum(not r["predictions"].strip() for r in records)
+
+
+def test_parse_counts_and_a_broken_metrics_file(tmp_path):
+    from corag.evaluation import folder_results
+
+    examples = [Example(f"q{i}", "Where?", ("Oslo",)) for i in range(4)]
+    records = [
+        {"query_id": "q0", "predictions": "Oslo", "answer_source": "format", "parse_failures": 0},
+        {"query_id": "q1", "predictions": "In Oslo", "answer_source": "text", "parse_failures": 2},
+        {"query_id": "q2", "predictions": " ", "answer_source": "none", "parse_failures": 1},
+        {"query_id": "q3", "predictions": "Oslo"},  # CoRAG's records carry no parse fields
+    ]
+    summary = score_records(examples, records)
+    assert (summary["empty_predictions"], summary["answer_fallbacks"], summary["parse_failures"]) == (1, 1, 3)
+    (tmp_path / "run_a").mkdir()
+    (tmp_path / "run_a" / "metrics.json").write_text('{"em": 1.0,')
+    with pytest.raises(InputError, match="run_a"):
+        folder_results(tmp_path)

@@ -69,7 +69,8 @@ class ChatRenderer:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def prompt_ids(self, messages: Sequence[Message]) -> tuple[int, ...]:
-        """Ids of the conversation followed by the assistant generation prompt."""
+        """Ids of the conversation followed by the assistant generation prompt; a conversation that
+        ends with an assistant message is continued from that message's text instead."""
         return self._prompt(_key(messages))
 
     def scored_ids(self, messages: Sequence[Message], target: str) -> tuple[tuple[int, ...], int]:
@@ -89,8 +90,14 @@ class ChatRenderer:
         return keep + text[len(cut) :] if cut and text.startswith(cut) else text
 
     def _apply(self, messages: list[Message], generation_prompt: bool) -> str:
+        # A prompt that ends with an assistant turn is that turn left open: the reply continues it.
+        open_turn = generation_prompt and bool(messages) and messages[-1]["role"] == "assistant"
         return self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=generation_prompt, tokenize=False, **self.template_kwargs
+            messages,
+            add_generation_prompt=generation_prompt and not open_turn,
+            continue_final_message=open_turn,
+            tokenize=False,
+            **self.template_kwargs,
         )
 
     def _find_default_system(self, name: str) -> tuple[str, str]:

@@ -42,9 +42,9 @@ async def one_step(
             max_new_tokens=reader_max_new_tokens,
             max_prompt_tokens=max_prompt_tokens,
         )
-        prediction, text = await read(ctx, calls, request, reader)
+        prediction, text, source = await read(ctx, calls, request, reader)
     except BudgetExceeded:
-        prediction, text = "", ""
+        prediction, text, source = "", "", "none"
     return result_record(
         ctx,
         example,
@@ -56,6 +56,8 @@ async def one_step(
         queries=[query],
         reader=reader,
         reader_output=text,
+        answer_source=source,
+        parse_failures=int(source != "format" and bool(calls)),
     )
 
 
@@ -81,9 +83,19 @@ async def no_retrieval(
             max_new_tokens=reader_max_new_tokens,
             max_prompt_tokens=max_prompt_tokens,
         )
-        prediction, text = await read(ctx, calls, request, reader)
+        prediction, text, source = await read(ctx, calls, request, reader)
     except BudgetExceeded:
-        prediction, text = "", ""
+        prediction, text, source = "", "", "none"
     return result_record(
-        ctx, example, "no_retrieval", prediction, [], [], calls, reader=reader, reader_output=text
+        ctx,
+        example,
+        "no_retrieval",
+        prediction,
+        [],
+        [],
+        calls,
+        reader=reader,
+        reader_output=text,
+        answer_source=source,
+        parse_failures=int(source != "format" and bool(calls)),
     )

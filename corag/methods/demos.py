@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corag.errors import InputError
-from corag.prompts import ircot_block, ircot_paragraph
+from corag.prompts import ircot_paragraph, ircot_question
 from corag.types import Example, Passage
 
 if TYPE_CHECKING:
@@ -45,10 +45,11 @@ class Demonstration:
     cot: str
     paragraphs: tuple[DemoParagraph, ...] = ()
 
-    def render(self, answer: str, *, with_paragraphs: bool = True) -> str:
-        """The demonstration as a prompt block whose `A:` line is `answer` (the CoT or the answer)."""
+    def turns(self, reply: str, *, with_paragraphs: bool = True) -> tuple[str, str]:
+        """The demonstration as a (user, assistant) pair: its paragraphs and question, then `reply`
+        (the CoT or the answer)."""
         paragraphs = [ircot_paragraph(p.title, p.text) for p in self.paragraphs] if with_paragraphs else []
-        return ircot_block(paragraphs, self.question, answer)
+        return ircot_question(paragraphs, self.question), reply
 
     def to_json(self) -> dict[str, Any]:
         return {

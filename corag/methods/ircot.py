@@ -5,6 +5,11 @@ the demonstrations, all paragraphs so far, the question and the CoT so far, and 
 last sentence that states a fact; stop at "answer is: X", an empty sentence or `max_sentences`. A reader
 then answers from the collected paragraphs alone (it never sees the CoT). The reader is also the one-step
 and no-retrieval baselines (corag.methods.baselines).
+
+Prompts are chat turns (corag.prompts): demonstrations as user/assistant pairs, the question last, the
+CoT so far as the start of the assistant's reply. Replies are read leniently: a leading `A:` (the
+completion-style marker) is dropped, and each record says where its answer came from (`answer_source`)
+and how many replies did not follow the format (`parse_failures`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ from corag.prompts import (
     IRCOT_COT_INSTRUCTION,
     IRCOT_COT_READER_INSTRUCTION,
     IRCOT_DIRECT_READER_INSTRUCTION,
-    ircot_block,
     ircot_messages,
     ircot_paragraph,
+    ircot_question,
 )
 from corag.types import Example, Passage
 
@@ -39,6 +44,8 @@ _REASONING_START = re.compile(r"^(?:so|thus|therefore|hence|that is)\b", re.IGNO
 _ARITHMETIC = re.compile(r"\d[\d,.]*\s*[-+*/x×]\s*\d[\d,.]*\s*=\s*\d")
 _ANSWER = re.compile(r"answer is:? (.*)")
 _FIRST_SENTENCE = re.compile(r"^(.+?[.!?])(?=\s|$)", re.DOTALL)
+_SENTENCES = re.compile(r"[^.!?]+(?:[.!?]+|$)")
+_LEADING_MARKER = re.compile(r"^\s*(?:A|Answer)\s*:\s*", re.IGNORECASE)
 
 
 def remove_wh_words(text: str) -> str:
@@ -52,11 +59,23 @@ def is_reasoning_sentence(sentence: str) -> bool:
     return bool(_REASONING_START.match(sentence) or _ARITHMETIC.search(sentence))
 
 
+def strip_marker(text: str) -> str:
+    """The text without a leading `A:` (or `Answer:`), the completion-style answer marker."""
+    return _LEADING_MARKER.sub("", text.strip(), count=1).strip()
+
+
 def first_sentence(text: str) -> str:
-    """The first sentence of a generation (up to the first . ! or ? followed by a space or the end)."""
-    text = " ".join(text.split())
+    """The first sentence of a generation (up to the first . ! or ? followed by a space or the end),
+    after a leading `A:`."""
+    text = " ".join(strip_marker(text).split())
     match = _FIRST_SENTENCE.match(text)
     return match.group(1) if match else text
+
+
+def last_sentence(text: str) -> str:
+    """The last non-empty sentence of a text, without its final full stop."""
+    sentences = [s.strip() for s in _SENTENCES.findall(" ".join(text.split())) if s.strip(" .!?")]
+    return sentences[-1].rstrip(".").strip() if sentences else ""
 
 
 def extract_answer(text: str) -> str | None:
@@ -119,19 +138,25 @@ def render_paragraphs(passages: Sequence[Passage]) -> list[str]:
 
 
 def fit_prompt(
-    ctx: Context, instruction: str, demos: Sequence[str], block: str, limit: int
+    ctx: Context,
+    instruction: str,
+    demos: Sequence[tuple[str, str]],
+    question: str,
+    limit: int,
+    reply_start: str = "",
 ) -> tuple[list[Message], int]:
     """The prompt with as many demonstrations as fit in `limit` tokens, dropping them from the front;
-    returns the messages and the number of demonstrations kept. Without any demonstration, a block
-    that is still too long is middle-truncated (its first paragraphs and its `Q:`/`A:` end are kept)."""
+    returns the messages and the number of demonstrations kept. Without any demonstration, a question
+    turn that is still too long is middle-truncated (its first paragraphs and its `Q:` end are kept)."""
     for start in range(len(demos) + 1):
-        messages = ircot_messages(instruction, demos[start:], block)
+        messages = ircot_messages(instruction, demos[start:], question, reply_start)
         tokens = ctx.lm.count_prompt_tokens(messages)
         if tokens <= limit:
             return messages, len(demos) - start
-    room = max(1, ctx.lm.count_tokens(block) - (tokens - limit))
+    room = max(1, ctx.lm.count_tokens(question) - (tokens - limit))
     while True:  # token counts of cut text can shift by a token or two at the seams
-        messages = ircot_messages(instruction, [], ctx.lm.truncate_tokens(block, room, middle=True))
+        cut = ctx.lm.truncate_tokens(question, room, middle=True)
+        messages = ircot_messages(instruction, [], cut, reply_start)
         if ctx.lm.count_prompt_tokens(messages) <= limit or room == 1:
             return messages, 0
         room = max(1, room - 8)
@@ -176,22 +201,24 @@ def reader_request(
     max_new_tokens: int | None = None,
     max_prompt_tokens: int | None = None,
 ) -> GenerationRequest:
-    """The reader's request: demonstrations, the paragraphs, `Q: {question}` and an empty `A:`.
+    """The reader's request: demonstrations as turns, then the paragraphs and `Q: {question}` as the
+    user's turn; the reply is the answer (direct) or reasoning ending in "So the answer is:" (cot).
 
-    Without paragraphs (no retrieval) demonstrations are shown without theirs too.
+    Without paragraphs (no retrieval) demonstrations are shown without theirs too. The direct reader
+    has no stop string: a reply that opens with `A:` and a line break still holds its answer.
     """
     if reader not in READERS:
         raise ValueError(f"unknown reader {reader!r}; choose one of {READERS}")
     with_paragraphs = bool(passages)
     if reader == "direct":
-        instruction, stop, new_tokens = IRCOT_DIRECT_READER_INSTRUCTION, ("\n",), max_new_tokens or 32
-        demos = [d.render(d.answer, with_paragraphs=with_paragraphs) for d in demonstrations]
+        instruction, stop, new_tokens = IRCOT_DIRECT_READER_INSTRUCTION, (), max_new_tokens or 32
+        demos = [d.turns(d.answer, with_paragraphs=with_paragraphs) for d in demonstrations]
     else:
         instruction, stop, new_tokens = IRCOT_COT_READER_INSTRUCTION, ("\n\n",), max_new_tokens or 256
-        demos = [d.render(d.cot, with_paragraphs=with_paragraphs) for d in demonstrations]
-    block = ircot_block(render_paragraphs(passages), question, "")
+        demos = [d.turns(d.cot, with_paragraphs=with_paragraphs) for d in demonstrations]
+    turn = ircot_question(render_paragraphs(passages), question)
     limit = prompt_limit(ctx, new_tokens, max_prompt_tokens)
-    messages, _ = fit_prompt(ctx, instruction, demos, block, limit)
+    messages, _ = fit_prompt(ctx, instruction, demos, turn, limit)
     return GenerationRequest(tuple(messages), max_new_tokens=new_tokens, stop=stop)
 
 
@@ -202,15 +229,36 @@ def reserve_for_reader(ctx: Context, request: GenerationRequest) -> None:
         ctx.meter.reserve = max(ctx.meter.reserve, cost)
 
 
+def direct_answer(text: str) -> str:
+    """A direct reader's answer: the first line with words after dropping a leading `A:` (an echoed
+    `Q:` line is skipped)."""
+    for line in text.splitlines():
+        line = strip_marker(line)
+        if line.strip(" .") and not line.startswith("Q:"):
+            return line
+    return ""
+
+
+def reader_answer(text: str, reader: str) -> tuple[str, str]:
+    """(answer, source) from a reader's reply. Direct: its first answer line ("format"). CoT: the
+    answer after "answer is:" ("format"), else its last sentence ("text"). An empty answer: "none"."""
+    if reader == "direct":
+        answer, source = direct_answer(text), "format"
+    else:
+        extracted = extract_answer(text)
+        answer, source = (extracted, "format") if extracted else (last_sentence(strip_marker(text)), "text")
+    return (answer, source) if answer else ("", "none")
+
+
 async def read(
     ctx: Context, calls: list[dict[str, Any]], request: GenerationRequest, reader: str
-) -> tuple[str, str]:
+) -> tuple[str, str, str]:
     """Run the reader's request (a final call: it may use the reserve). Returns (answer, generated
-    text); the CoT reader's answer follows "answer is:", or is its whole text without that phrase."""
+    text, answer source) as `reader_answer` reads them."""
     completion = await metered_generate(ctx, calls, f"reader:{reader}", request, final=True)
     text = completion.texts[0].strip()
-    answer = extract_answer(text) if reader == "cot" else text
-    return (text if answer is None else answer), text
+    answer, source = reader_answer(text, reader)
+    return answer, text, source
 
 
 def result_record(
@@ -225,7 +273,9 @@ def result_record(
 ) -> dict[str, Any]:
     """The fields every method's record shares: those of CoRAG's prediction records (query_id,
     predictions, context_doc_ids, usage, model_calls), then `prediction`, `doc_ids` (everything
-    retrieved, in order), `tokens` and `calls` (each model call's usage, which sum to `tokens`)."""
+    retrieved, in order), `tokens` and `calls` (each model call's usage, which sum to `tokens`).
+    Methods add `answer_source` ("format", a fallback such as "text", or "none") and
+    `parse_failures` (replies that did not follow the method's format), which evaluation counts."""
     usage = ctx.meter.usage
     return {
         "query": example.query,
@@ -273,7 +323,7 @@ async def ircot(
     sentences: list[str] = []
     stop_reason = "max_sentences"
     cot_answer = None
-    demos = [d.render(d.cot) for d in demonstrations]
+    demos = [d.turns(d.cot) for d in demonstrations]
     limit = prompt_limit(ctx, sentence_max_new_tokens, max_prompt_tokens)
     queries = [remove_wh_words(example.query)]
     found = await retrieve(ctx, corpus, queries[0], k)
@@ -294,8 +344,8 @@ async def ircot(
 
     for _ in range(max_sentences):
         reserve_for_reader(ctx, read_request(held))
-        block = ircot_block(render_paragraphs(held), example.query, " ".join(sentences))
-        messages, kept = fit_prompt(ctx, IRCOT_COT_INSTRUCTION, demos, block, limit)
+        turn = ircot_question(render_paragraphs(held), example.query)
+        messages, kept = fit_prompt(ctx, IRCOT_COT_INSTRUCTION, demos, turn, limit, " ".join(sentences))
         demos_kept.append(kept)
         request = GenerationRequest(tuple(messages), max_new_tokens=sentence_max_new_tokens, stop=("\n",))
         try:
@@ -317,9 +367,9 @@ async def ircot(
             stop_reason = "answer"
             break
     try:
-        prediction, reader_text = await read(ctx, calls, read_request(held), reader)
+        prediction, reader_text, source = await read(ctx, calls, read_request(held), reader)
     except BudgetExceeded:
-        prediction, reader_text, stop_reason = "", "", "budget"
+        prediction, reader_text, source, stop_reason = "", "", "none", "budget"
     return result_record(
         ctx,
         example,
@@ -336,4 +386,6 @@ async def ircot(
         reader_output=reader_text,
         demonstrations_kept=demos_kept,
         stop_reason=stop_reason,
+        answer_source=source,
+        parse_failures=int(source != "format" and bool(calls) and calls[-1]["purpose"].startswith("reader")),
     )

@@ -8,6 +8,11 @@ node when the reader is confident and disagrees. The model then writes a new cha
 feedback (one without any parseable node has nothing to verify), or the fifth, is final. Its `[k]`
 markers are traced to the documents of nodes k. Verified queries are keyed by their normalised text.
 
+The answer is the final content's; a chain without one (a chat model often answers in plain text) is
+answered from its text: the last "answer is: X", else its last answered node, else its last sentence.
+Records say which (`answer_source`, `answer_fallback`) and count the chains without final content
+(`parse_failures`).
+
 The reader: SearChain used an extractive DPR reader whose relevance logit had to exceed 1.5. Here the
 reader is generative: CoRAG's sub-answer call over the one document, answered greedily, with confidence
 the mean log-probability of that answer (ctx.score; its content and end-of-turn tokens). The default
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from corag.budget import BudgetExceeded
 from corag.executor import Context
 from corag.lm.base import GenerationRequest, Message, ScoreRequest
-from corag.methods.ircot import extract_answer, metered_generate, result_record
+from corag.methods.ircot import extract_answer, last_sentence, metered_generate, result_record
 from corag.prompts import NO_INFO, format_document, searchain_feedback, searchain_messages, subanswer_messages
 from corag.types import Example, Passage
 
@@ -81,15 +86,36 @@ class ParsedChain:
 
     @property
     def answer(self) -> str:
-        """The final answer: after "answer is:" in the final content, else the final content without
-        markers; without final content, the last answered node's answer (else empty)."""
-        if self.final_content is not None:
-            extracted = extract_answer(self.final_content)
-            if extracted is not None:
-                return extracted
-            return " ".join(_MARKER.sub(" ", self.final_content).split())
-        answered = [n.answer for n in self.nodes if n.answer]
-        return answered[-1] if answered else ""
+        """The final content's answer: after "answer is:", else the final content without markers
+        (empty without final content)."""
+        if self.final_content is None:
+            return ""
+        extracted = extract_answer(self.final_content)
+        return _clean(self.final_content if extracted is None else extracted)
+
+
+def _clean(text: str) -> str:
+    """Text without `[k]` markers and chain tags, whitespace collapsed, one trailing full stop dropped."""
+    text = " ".join(_MARKER.sub(" ", _TAG.sub(" ", text)).split())
+    return text[:-1].rstrip() if text.endswith(".") else text
+
+
+def chain_answer(chain: ParsedChain, text: str) -> tuple[str, str | None]:
+    """The answer of a generated chain and the fallback that gave it (None: the final content).
+
+    Without an answer in final content: the last "answer is: X" of the text ("answer_is"), else the
+    last answered node's answer ("last_node"), else the text's last sentence ("last_sentence")."""
+    if chain.answer:
+        return chain.answer, None
+    *_, stated = re.split(r"answer is:?\s", text, flags=re.IGNORECASE)
+    stated = _clean(stated.split("\n")[0]) if stated != text else ""
+    if stated:
+        return stated, "answer_is"
+    answered = [n.answer for n in chain.nodes if n.answer]
+    if answered:
+        return _clean(answered[-1]), "last_node"
+    sentence = last_sentence(_clean(text))
+    return sentence, ("last_sentence" if sentence else None)
 
 
 def _first_line(text: str) -> str:
@@ -197,11 +223,12 @@ async def verify(
     return Verification(query, doc, answer, score.mean)
 
 
-def fit_dialogue(ctx: Context, messages: list[Message], limit: int) -> list[Message]:
-    """Drop the oldest (chain, feedback) turn pairs after the question until the dialogue fits."""
+def fit_dialogue(ctx: Context, messages: list[Message], limit: int, opening: int = 3) -> list[Message]:
+    """Drop the oldest (chain, feedback) turn pairs after the `opening` turns (the worked example and
+    the question) until the dialogue fits."""
     messages = list(messages)
-    while len(messages) > 3 and ctx.lm.count_prompt_tokens(messages) > limit:
-        del messages[1:3]
+    while len(messages) > opening + 2 and ctx.lm.count_prompt_tokens(messages) > limit:
+        del messages[opening : opening + 2]
     return messages
 
 
@@ -242,10 +269,11 @@ async def searchain(
     checks: dict[str, Verification] = {}  # normalised query -> its verification, across rounds
     rounds: list[dict[str, Any]] = []
     messages: list[Message] = searchain_messages(example.query)
-    chain, passed, stop_reason = ParsedChain(), False, "max_rounds"
+    opening = len(messages)
+    chain, text, passed, stop_reason = ParsedChain(), "", False, "max_rounds"
     limit = ctx.lm.max_context - chain_max_new_tokens
     for _ in range(max_rounds):
-        messages = fit_dialogue(ctx, messages, limit)
+        messages = fit_dialogue(ctx, messages, limit, opening)
         request = GenerationRequest(tuple(messages), max_new_tokens=chain_max_new_tokens)
         try:
             text = (await metered_generate(ctx, calls, "chain", request)).texts[0]
@@ -296,6 +324,7 @@ async def searchain(
             passed, stop_reason = True, "passed"
             break
     traced = trace(chain, checks)
+    answer, fallback = chain_answer(chain, text)
     steps = []
     for node in chain.nodes:
         check = checks.get(normalize(node.query))
@@ -305,7 +334,7 @@ async def searchain(
         ctx,
         example,
         "searchain",
-        chain.answer,
+        answer,
         doc_ids,
         list(dict.fromkeys(d for step in steps for d in step["doc_ids"])),
         calls,
@@ -317,4 +346,7 @@ async def searchain(
         rounds=rounds,
         passed=passed,
         stop_reason=stop_reason,
+        answer_source="none" if not answer else "text" if fallback else "format",
+        answer_fallback=fallback,
+        parse_failures=sum(r["final_content"] is None for r in rounds),
     )

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from corag.data.corpus import Corpus, corpus_from_contexts, prepare_corpus, write_corpus_jsonl
 from corag.data.formats import load_examples
-from corag.data.jsonl import read_jsonl
+from corag.data.jsonl import read_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.types import Passage
 
@@ -323,3 +323,42 @@ def test_corpus_from_the_real_samples_contexts(shared_data: Path, tmp_path):
     assert built.resolve_titles(["Ed Wood"]) == (hotpot_first.supporting_ids[1],)
     # the loaders leave supporting ids empty: they only exist once a corpus is built
     assert load_examples(shared_data / files[0])[0].supporting_ids == ()
+
+
+def test_from_contexts_command_round_trip_on_real_hotpotqa(shared_data: Path, tmp_path, capsys):
+    from corag.cli import main
+
+    raw_path = shared_data / "hotpotqa" / "hotpot_dev_distractor_sample.json"
+    out = tmp_path / "ctx" / "corpus.jsonl"
+    assert main(["corpus", "from-contexts", str(raw_path), "--out", str(out)]) == 0
+    questions = tmp_path / "ctx" / "corpus.questions.jsonl"
+    assert f"103 questions in {questions}" in capsys.readouterr().out
+    raw = json.loads(raw_path.read_text(encoding="utf-8"))
+    examples = load_examples(questions)  # the project's question JSONL
+    assert [(e.id, e.query, e.answers[0], e.task) for e in examples] == [
+        (r["_id"], r["question"].strip(), r["answer"], "hotpotqa") for r in raw
+    ]
+    corpus = Corpus.load(out)
+    for example, record in zip(examples, raw, strict=True):
+        gold_titles = {title for title, _ in record["supporting_facts"]}
+        passages = corpus.get_many(example.supporting_ids)
+        assert {p.title for p in passages} == gold_titles, example.id
+        contexts = {(t, "".join(s).strip()) for t, s in record["context"] if t in gold_titles}
+        assert {(p.title, p.contents) for p in passages} == contexts
+
+    # scoring those questions reports passage recall: the gold ids found, or not
+    lines = [
+        {
+            "query_id": e.id,
+            "predictions": e.answers[0],
+            "context_doc_ids": list(e.supporting_ids) if i % 2 else [],
+        }
+        for i, e in enumerate(examples)
+    ]
+    write_jsonl(tmp_path / "preds.jsonl", lines)
+    args = ["evaluate", "--data", str(questions), "--predictions", str(tmp_path / "preds.jsonl")]
+    assert main([*args, "--out-dir", str(tmp_path / "eval")]) == 0
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["recall@5_question"] == pytest.approx(100 * 51 / 103)
+    assert metrics["em"] == 100.0 and metrics["settings"]["predictions"] == str(tmp_path / "preds.jsonl")
+    assert metrics["wall_seconds"] >= 0

@@ -350,3 +350,18 @@ def test_bfloat16_generates_and_scores_like_float32(smollm2_dir: Path, smol: HFL
         smol.score([ScoreRequest(question, "Paris")]),
     )
     assert abs(low.mean - full.mean) < 0.25 and math.isfinite(low.mean)
+
+
+def test_a_final_assistant_message_is_continued(lm: HFLM, reference) -> None:
+    model, tokenizer = reference
+    start = "The director of film 3 is"
+    messages = (*chat("Who is the director of film 3?"), {"role": "assistant", "content": start})
+    text = tokenizer.decode(lm.renderer.prompt_ids(messages))
+    opened = tokenizer.decode(prompt_ids(tokenizer, messages[:1]))
+    assert text == opened + start  # the reply's start, its turn left open (no end-of-turn after it)
+    ids = list(lm.renderer.prompt_ids(messages))
+    out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids) :].tolist()
+    out = out[: out.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in out else out
+    [completion] = lm.generate([GenerationRequest(messages, max_new_tokens=8)])
+    assert completion.texts == (tokenizer.decode(out, skip_special_tokens=True),)
+    assert completion.usage.prompt_tokens == len(ids) == lm.count_prompt_tokens(messages)

@@ -24,6 +24,7 @@ from corag.methods.ircot import (
     remove_wh_words,
     retrieval_query,
 )
+from corag.prompts import IRCOT_COT_INSTRUCTION
 from corag.types import Example, Hit, Passage, Usage
 
 
@@ -108,7 +109,7 @@ def run(strategy, lm, retriever, example: Example = QUESTION, **kw) -> dict:
 
 
 def is_cot_request(r: GenerationRequest) -> bool:
-    return r.stop == ("\n",) and "next sentence only" in r.messages[0]["content"]
+    return r.stop == ("\n",) and r.messages[0]["content"].startswith(IRCOT_COT_INSTRUCTION)
 
 
 def sentences_lm(sentences: Sequence[str], reader_answer: str = "Mara Velden") -> ScriptedLM:
@@ -256,12 +257,18 @@ def test_reader_never_sees_the_cot(reader: str) -> None:
     record = run(ircot, lm, retriever, corpus=corpus, reader=reader)
     assert record["cot"] == " ".join(cot)
     (read_request,) = [r for r in lm.requests if not is_cot_request(r)]
+    assert [m["role"] for m in read_request.messages] == ["user"]
     content = read_request.messages[0]["content"]
     for word in ("Zorblax", "Quuxville", "Fremantia"):
         assert word not in content
     for doc_id in record["context_doc_ids"]:
         assert corpus.passages[doc_id].contents in content
-    assert content.endswith(f"Q: {QUESTION.query}\nA:")
+    assert content.endswith(f"Q: {QUESTION.query}")
+    # each CoT request continues the CoT so far as the assistant's reply
+    cot_requests = [r for r in lm.requests if is_cot_request(r)]
+    assert [m["role"] for m in cot_requests[0].messages] == ["user"]
+    for i, request in enumerate(cot_requests[1:], start=1):
+        assert request.messages[-1] == {"role": "assistant", "content": " ".join(cot[:i])}
     assert record["predictions"] == "Fremantia"
 
 
@@ -287,13 +294,17 @@ def test_demonstrations_dropped_from_the_front_when_too_long() -> None:
     cut = run(ircot, lm, retriever, corpus=corpus, demonstrations=demos, max_prompt_tokens=limit)
     kept = cut["demonstrations_kept"][0]
     assert 0 < kept < 15
-    prompt = lm.requests[0].messages[0]["content"]
-    assert lm.count_prompt_tokens(lm.requests[0].messages) <= limit
+    messages = lm.requests[0].messages
+    prompt = "\n".join(m["content"] for m in messages)
+    assert lm.count_prompt_tokens(messages) <= limit
     assert "Demo question 14?" in prompt and "Demo question 0?" not in prompt
     assert f"Demo question {15 - kept}?" in prompt and f"Demo question {14 - kept}?" not in prompt
-    # the CoT prompt shows demonstrations with their CoT; the direct reader with their answers
-    assert "A: Fact 14. So the answer is: Answer14." in prompt
-    assert "A: Answer14\n" in lm.requests[-1].messages[0]["content"]
+    # demonstrations are turns: the user's paragraphs and question, the assistant's CoT (or answer)
+    assert [m["role"] for m in messages] == ["user", "assistant"] * kept + ["user"]
+    assert messages[0]["content"].startswith(IRCOT_COT_INSTRUCTION)
+    assert messages[-3]["content"].endswith("Q: Demo question 14?")
+    assert messages[-2]["content"] == "Fact 14. So the answer is: Answer14."
+    assert lm.requests[-1].messages[-2]["content"] == "Answer14"
 
 
 def test_a_block_too_long_even_without_demonstrations_keeps_its_question() -> None:
@@ -304,7 +315,7 @@ def test_a_block_too_long_even_without_demonstrations_keeps_its_question() -> No
     prompt = lm.requests[0].messages
     assert record["demonstrations_kept"] == [0]
     assert lm.count_prompt_tokens(prompt) <= 300 - 64
-    assert prompt[0]["content"].endswith(f"Q: {QUESTION.query}\nA:")
+    assert prompt[0]["content"].endswith(f"Q: {QUESTION.query}")
     assert prompt[0]["content"].count("Wikipedia Title:") < 10
 
 
@@ -315,13 +326,15 @@ def test_baselines_one_step_and_no_retrieval() -> None:
     record = run(one_step, lm, retriever, corpus=corpus, k=7, demonstrations=[demo(0)])
     assert retriever.queries == ["directed the film Blue Harbour?"]
     assert record["doc_ids"] == [f"p{j}" for j in range(7)] == record["context_doc_ids"]
-    assert lm.requests[0].messages[0]["content"].count("Wikipedia Title:") == 7 + 2
+    assert sum(m["content"].count("Wikipedia Title:") for m in lm.requests[0].messages) == 7 + 2
     assert record["predictions"] == "Mara Velden" and record["model_calls"] == 1
 
     lm = sentences_lm([])
     record = run(no_retrieval, lm, None, demonstrations=[demo(0)])
-    content = lm.requests[0].messages[0]["content"]
-    assert "Wikipedia Title:" not in content and "Q: Demo question 0?\nA: Answer0" in content
+    turns = [(m["role"], m["content"]) for m in lm.requests[0].messages]
+    assert "Wikipedia Title:" not in "".join(c for _, c in turns)
+    assert turns[0][1].endswith("\n\nQ: Demo question 0?") and turns[1] == ("assistant", "Answer0")
+    assert turns[2] == ("user", f"Q: {QUESTION.query}")
     assert record["doc_ids"] == [] and record["tokens"] == lm.count_prompt_tokens(lm.requests[0].messages) + 3
 
 
@@ -336,3 +349,63 @@ def test_budget_stops_the_cot_but_keeps_room_for_the_reader() -> None:
     assert record["stop_reason"] == "budget" and 0 < len(record["cot_sentences"]) < 20
     assert record["calls"][-1]["purpose"] == "reader:direct" and record["predictions"] == "Mara Velden"
     assert record["tokens"] <= 2000
+
+
+@pytest.mark.parametrize(
+    ("reply", "answer"),
+    [
+        ("Mara Velden", "Mara Velden"),
+        ("A: Mara Velden", "Mara Velden"),
+        ("A:\nMara Velden", "Mara Velden"),
+        ("answer: Mara Velden.\nIt was her first film.", "Mara Velden."),
+        (f"Q: {QUESTION.query}\nA: Mara Velden", "Mara Velden"),
+    ],
+)
+def test_the_direct_reader_never_answers_just_the_marker(reply: str, answer: str) -> None:
+    corpus = DictCorpus([passage(i) for i in range(10)])
+    retriever = ScriptedRetriever(lambda q, k: ["p1"])
+    for method, kw in ((ircot, {"max_sentences": 1}), (one_step, {}), (no_retrieval, {})):
+        lm = sentences_lm(["Fact one."], reader_answer=reply)
+        record = run(method, lm, retriever, corpus=corpus, **kw)
+        assert record["predictions"] == answer and record["reader_output"] == reply.strip()
+        assert record["answer_source"] == "format" and record["parse_failures"] == 0
+        assert lm.requests[-1].stop == ()  # no stop string can cut the reply before its answer
+
+
+def test_reader_replies_without_an_answer_are_counted() -> None:
+    retriever = ScriptedRetriever(lambda q, k: ["p1"])
+    record = run(no_retrieval, sentences_lm([], reader_answer="A:"), retriever)
+    assert record["predictions"] == "" and record["answer_source"] == "none"
+    assert record["parse_failures"] == 1
+    # the CoT reader without "answer is:": its last sentence, counted as a fallback
+    lm = sentences_lm([], reader_answer="A: Blue Harbour is a film. Its director is Mara Velden.")
+    record = run(no_retrieval, lm, retriever, reader="cot")
+    assert record["predictions"] == "Its director is Mara Velden"
+    assert record["answer_source"] == "text" and record["parse_failures"] == 1
+    lm = sentences_lm([], reader_answer="She directed it. So the answer is: Mara Velden.")
+    record = run(no_retrieval, lm, retriever, reader="cot")
+    assert record["predictions"] == "Mara Velden" and record["answer_source"] == "format"
+
+
+def test_a_cot_sentence_loses_its_answer_marker() -> None:
+    corpus = DictCorpus([passage(i) for i in range(10)])
+    retriever = ScriptedRetriever(lambda q, k: ["p1"])
+    lm = sentences_lm(
+        ["A: Blue Harbour was directed by Mara Velden. More.", "A: So the answer is: Mara Velden."]
+    )
+    record = run(ircot, lm, retriever, corpus=corpus)
+    assert record["cot_sentences"] == [
+        "Blue Harbour was directed by Mara Velden.",
+        "So the answer is: Mara Velden.",
+    ]
+    assert record["cot_answer"] == "Mara Velden"
+
+
+def test_a_budget_too_small_for_any_call_is_no_parse_failure() -> None:
+    corpus = DictCorpus([passage(i) for i in range(20)])
+    retriever = ScriptedRetriever(lambda q, k: ["p1"])
+    lm = sentences_lm(["Fact one."])
+    ctx = Context(lm, retriever, Meter(budget=10))
+    record = Executor(lm, retriever).run([ircot(ctx, QUESTION, corpus=corpus)])[0]
+    assert record["calls"] == [] and record["predictions"] == ""
+    assert record["answer_source"] == "none" and record["parse_failures"] == 0

@@ -16,6 +16,7 @@ from corag.lm.hf import HFLM
 from corag.methods import METHODS
 from corag.methods.demos import demos_from_examples
 from corag.methods.searchain import CONFIDENCE_THRESHOLD
+from corag.prompts import IRCOT_COT_INSTRUCTION
 from corag.retrieval.bm25 import BM25Retriever
 from corag.types import Usage
 
@@ -112,8 +113,8 @@ class ScriptedChains(Recording):
             if content.startswith("Given the following"):
                 text = self.answers[content.split("## Query\n")[1].split("\n")[0]]
             else:
-                question = r.messages[0]["content"].rsplit("Question: ", 1)[1]
-                text = self.chains[question][sum(m["role"] == "assistant" for m in r.messages)]
+                question = r.messages[2]["content"].rsplit("Question: ", 1)[1]  # after the example
+                text = self.chains[question][sum(m["role"] == "assistant" for m in r.messages[3:])]
             usage = Usage(self.lm.count_prompt_tokens(r.messages), self.lm.count_tokens(text) + 1, 1)
             out.append(Completion((text,), usage))
         self.usages += [c.usage for c in out]
@@ -169,13 +170,17 @@ class ScriptedCoT(Recording):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         out: list[Completion | None] = [None] * len(requests)
-        cot = [i for i, r in enumerate(requests) if "next sentence only" in r.messages[0]["content"]]
+        cot = [
+            i for i, r in enumerate(requests) if r.messages[0]["content"].startswith(IRCOT_COT_INSTRUCTION)
+        ]
         readers = [i for i in range(len(requests)) if i not in cot]
         for i, completion in zip(readers, self.lm.generate([requests[i] for i in readers]), strict=True):
             out[i] = completion
         for i in cot:
-            content = requests[i].messages[0]["content"]
-            question, so_far = content.rsplit("Q: ", 1)[1].split("\nA:", 1)
+            messages = requests[i].messages
+            so_far = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
+            question = next(m for m in reversed(messages) if m["role"] == "user")["content"]
+            question = question.rsplit("Q: ", 1)[1]
             sentences = self.cots[question]
             text = sentences[len([s for s in sentences if s in so_far])]
             usage = Usage(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 
 from hypothesis import given, settings
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from corag.executor import Context, Executor
 from corag.lm.base import Completion, GenerationRequest, Message, Score, ScoreRequest
-from corag.methods.searchain import CONFIDENCE_THRESHOLD, parse_chain, searchain
+from corag.methods.searchain import CONFIDENCE_THRESHOLD, chain_answer, parse_chain, searchain
 from corag.types import Example, Hit, Passage, Usage
 
 WELL_FORMED = """[Query 1]: Who is the director of Blue Harbour?
@@ -64,11 +65,13 @@ Question: next?
     assert chain.node_for_marker(9) is None
     assert chain.final_content == "It is Norway [7] and [4, 1]. So the answer is: Norway.\nQuestion: next?"
 
-    no_final = parse_chain("[Query 1]: A?\n[Answer 1]: B\n[Query 2]: C?\n[Answer 2]: D\n")
-    assert no_final.final_content is None and no_final.answer == "D"
+    no_final_text = "[Query 1]: A?\n[Answer 1]: B\n[Query 2]: C?\n[Answer 2]: D\n"
+    no_final = parse_chain(no_final_text)
+    assert no_final.final_content is None and no_final.answer == ""
+    assert chain_answer(no_final, no_final_text) == ("D", "last_node")
     unsolved_only = parse_chain("[Unsolved Query]: Where is Oslo?\n[Final Content]: Oslo is in Norway [1].")
     assert [(n.query, n.unsolved) for n in unsolved_only.nodes] == [("Where is Oslo?", True)]
-    assert unsolved_only.answer == "Oslo is in Norway ."
+    assert unsolved_only.answer == "Oslo is in Norway"
     empty = parse_chain("no tags at all")
     assert empty.nodes == () and empty.answer == "" and empty.markers() == []
     assert parse_chain("[Query 1]:\n[Answer 1]: x\n[Final Content]:").nodes == ()
@@ -101,11 +104,19 @@ Question: next?
     )
 )
 def test_parser_never_raises(parts: list[str]) -> None:
-    chain = parse_chain("".join(parts))
+    text = "".join(parts)
+    chain = parse_chain(text)
     assert isinstance(chain.answer, str)
+    # any text with a word outside the tags and markers gives an answer
+    answer, _ = chain_answer(chain, text)
+    words = re.sub(r"\[[^\]]*\]", " ", text)
+    assert bool(answer) or not re.search(r"\w", words)
     for marker in chain.markers():
         chain.node_for_marker(marker)
     assert [n.number for n in chain.nodes] == list(range(1, len(chain.nodes) + 1))
+
+
+OPENING = 3  # the worked example's two turns and the question
 
 
 class ScriptedLM:
@@ -135,7 +146,7 @@ class ScriptedLM:
             self.requests.append(r)
             query = self.reader_query(r.messages)
             if query is None:
-                text = self.chain(sum(m["role"] == "assistant" for m in r.messages) + 1)
+                text = self.chain(sum(m["role"] == "assistant" for m in r.messages[OPENING:]) + 1)
             else:
                 text = self.read(query)
             out.append(
@@ -261,9 +272,10 @@ def test_feedback_only_for_the_first_failing_node() -> None:
         "Which country is Oslo in?",  # round 2: nodes 1 and 2 were verified before, only node 3 is new
     ]
     second_request = lm.chain_requests()[1].messages
-    assert [m["role"] for m in second_request] == ["user", "assistant", "user"]
-    assert second_request[1]["content"] == chains[1]
-    feedback = second_request[2]["content"]
+    assert [m["role"] for m in second_request] == ["user", "assistant", "user", "assistant", "user"]
+    assert second_request[2]["content"].endswith(QUESTION.query)
+    assert second_request[3]["content"] == chains[1]
+    feedback = second_request[4]["content"]
     assert '"Where was Mara Velden born?"' in feedback and '"Oslo"' in feedback
     assert "Mara Velden was born in Oslo." in feedback and QUESTION.query in feedback
     assert "feedback" not in second and record["passed"] and record["predictions"] == "Norway"
@@ -356,3 +368,48 @@ def test_tokens_are_the_sum_of_the_recorded_calls() -> None:
     assert record["tokens"] == total == record["usage"]["total_tokens"] > 0
     assert record["model_calls"] == len(record["calls"]) == len(lm.requests) + len(lm.scored)
     assert [c["purpose"] for c in record["calls"]][:3] == ["chain", "reader", "confidence"]
+
+
+PLAIN_REPLIES = [
+    # (a chat model's reply without a final content, the answer taken from it, the fallback used)
+    (
+        "Blue Harbour was directed by Mara Velden, born in Oslo.\nThe answer is: Norway.",
+        "Norway",
+        "answer_is",
+    ),
+    ("So the answer is: Sweden. Wait, the answer is: Norway [2].", "Norway", "answer_is"),
+    (
+        "[Query 1]: Who directed Blue Harbour?\n[Answer 1]: Mara Velden\n[Query 2]: Mara Velden's country?\n"
+        "[Answer 2]: Norway\n",
+        "Norway",
+        "last_node",
+    ),  # fmt: skip
+    (
+        "The director of Blue Harbour was born in Norway. Norway is in Europe.",
+        "Norway is in Europe",
+        "last_sentence",
+    ),  # fmt: skip
+    ("Norway", "Norway", "last_sentence"),
+    ("The answer is: Norway.\n[Final Content]: [1] [2].", "Norway", "answer_is"),  # final content, no answer
+]
+
+
+def test_an_answer_written_as_plain_text_is_taken_from_the_text() -> None:
+    for text, answer, fallback in PLAIN_REPLIES:
+        lm = ScriptedLM(lambda r, text=text: text, reader, lambda q: -9.0)
+        record, _ = run(lm)
+        assert record["predictions"] == answer, text
+        assert record["answer_source"] == "text" and record["answer_fallback"] == fallback
+        assert record["parse_failures"] == int("[Final Content]" not in text)
+
+
+def test_answer_sources_and_parse_failures_are_recorded() -> None:
+    record, _ = run(ScriptedLM(lambda r: chain_text(["Mara Velden", "Oslo", "Norway"]), reader))
+    assert record["answer_source"] == "format" and record["answer_fallback"] is None
+    assert record["parse_failures"] == 0
+    chains = {1: "I do not know.", 2: chain_text(["Mara Velden", "Oslo", "Norway"])}
+    # a chain without nodes needs no feedback: it is final, answered from its text
+    record, _ = run(ScriptedLM(lambda r: chains[r], reader))
+    assert record["predictions"] == "I do not know" and record["parse_failures"] == 1
+    record, _ = run(ScriptedLM(lambda r: "   ", reader))
+    assert record["predictions"] == "" and record["answer_source"] == "none"
