@@ -287,7 +287,7 @@ def test_ratio_holds_on_a_large_sample(chains, corpus):
 
 def test_steps_without_doc_ids_are_re_retrieved(toy_world, corpus):
     records = [training.parse_chain(chain_record(ex, with_docs=False)) for ex in toy_world.train[:20]]
-    with pytest.raises(InputError, match="no retriever"):
+    with pytest.raises(InputError, match="nothing to re-retrieve them with: set `index`"):
         training.build_examples(records, corpus, ratio=1.0)
     retriever = BM25Retriever.from_passages(toy_world.passages)
     built = training.build_examples(records, corpus, retriever=retriever, ratio=1.0)
