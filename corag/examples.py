@@ -271,6 +271,36 @@ def build(config: ExamplesConfig) -> Path:
     return out
 
 
+def from_jsonl(path: str | Path, output: str | Path) -> Path:
+    """Prebuilt prompt/completion examples (JSONL: warm start, baselines) as a dataset folder, once."""
+    from datasets import Dataset
+
+    source, out = Path(path), Path(output)
+    if not source.is_file():
+        raise InputError("no such file", file=str(source), field="examples")
+    stat = source.stat()
+    wanted = {"examples": str(source.resolve()), "examples_stamp": [stat.st_size, stat.st_mtime_ns]}
+    with locked(out):
+        found = read_manifest(out)
+        if found is not None:
+            _check_same(found["settings"], wanted, out / MANIFEST)
+            return out
+        records = training.load_example_file(source)
+        columns = ("prompt", "completion", "task", "id")
+        dataset = Dataset.from_list([{k: r.get(k) for k in columns} for r in records])
+        counts = Counter(r["task"] for r in records)
+        manifest = {
+            "settings": wanted,
+            "examples": len(records),
+            "tasks": {task: counts.get(task, 0) for task in training.TASKS},
+        }
+        with atomic_folder(out) as tmp:
+            dataset.save_to_disk(str(tmp))
+            with atomic_write(tmp / MANIFEST) as f:
+                json.dump(manifest, f, indent=1)
+    return out
+
+
 def fingerprint(
     tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None, max_length: int | None
 ) -> str:

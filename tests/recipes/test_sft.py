@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from datasets import load_from_disk
 from safetensors.torch import load_file
 from transformers.utils import is_torch_bf16_gpu_available
 
@@ -145,8 +146,17 @@ def test_bad_chain_record_stops_the_recipe(tmp_path, toy_run):
     from corag.errors import InputError
 
     with pytest.raises(InputError, match=rf"line 2, id '{record['query_id']}', field 'subanswers'"):
-        recipe.build_examples(data, None, toy_run["model_name_or_path"], tmp_path / "examples.jsonl")
-    assert not (tmp_path / "examples.jsonl").exists()
+        recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run"))
+    assert not (tmp_path / "run-examples").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_dataset_that_was_not_built_is_named(tmp_path, toy_run):
+    recipe = load_recipe()
+    from corag.errors import InputError
+
+    data = recipe.DataArguments(dataset=str(tmp_path / "nothing"))
+    with pytest.raises(InputError, match=r"nothing, field 'dataset': is not an examples dataset"):
+        recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run"))
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -176,8 +186,6 @@ def test_lora_run_learns_resumes_and_merges(toy_run, tmp_path):
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copytree(out / "checkpoint-4", resumed / "checkpoint-4")
-    for name in ("sft_examples.jsonl", "sft_examples.args.json"):
-        shutil.copy(out / name, resumed / name)
     result = launch(toy_run, resumed, *lora, *steps)
     assert "resuming from" in result.stderr
     state = json.loads((resumed / "trainer_state.json").read_text())
@@ -216,7 +224,7 @@ def test_two_process_full_fine_tuning(toy_run, tmp_path):
     assert state["global_step"] == 3
     assert "processes: 2" in result.stderr
     chains = [json.loads(line) for line in Path(toy_run["chains"]).read_text().splitlines()]
-    built = [json.loads(line) for line in (out / "sft_examples.jsonl").read_text().splitlines()]
+    built = load_from_disk(str(tmp_path / "ddp-examples")).to_list()  # beside the checkpoint folder
     stops = [e["completion"][0]["content"] for e in built if e["task"] == "stop"]
     assert len(stops) == sum(len(c["subqueries"]) for c in chains) and set(stops) <= {"Yes", "No"}
     assert (out / "model.safetensors").exists() and not (out / "adapter_config.json").exists()
@@ -224,12 +232,9 @@ def test_two_process_full_fine_tuning(toy_run, tmp_path):
 
 
 def test_min_score_trains_only_on_chains_that_reach_it(tmp_path, toy_run):
-    from transformers import AutoTokenizer
-
     from corag.errors import InputError
 
     recipe = load_recipe()
-    tokenizer = AutoTokenizer.from_pretrained(toy_run["model_name_or_path"])
     lines = Path(toy_run["chains"]).read_text().splitlines()[:4]
     records = [
         {**json.loads(line), "score": s} for line, s in zip(lines, (-0.1, -3.0, -0.5, -8.0), strict=True)
@@ -237,34 +242,34 @@ def test_min_score_trains_only_on_chains_that_reach_it(tmp_path, toy_run):
     chains = tmp_path / "scored.jsonl"
     chains.write_text("".join(json.dumps(r) + "\n" for r in records))
     data = recipe.DataArguments(chains=str(chains), corpus=toy_run["corpus"], min_score=-0.69)
-    built = recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], tmp_path / "a.jsonl")
-    finals = [e["id"].split("/")[0] for e in built if e["task"] == "final"]
+    model = toy_run["model_name_or_path"]
+    built = load_from_disk(str(recipe.prepare_examples(data, model, str(tmp_path / "a")))).to_list()
+    finals = [e["chain_id"] for e in built if e["task"] == "final"]
     assert finals == [records[0]["query_id"], records[2]["query_id"]]
-    assert {e["id"].split("/")[0] for e in built} == set(finals)
+    assert {e["chain_id"] for e in built} == set(finals)
     data.min_score = 0.5
     with pytest.raises(InputError, match=r"scored\.jsonl, field 'min_score'"):
-        recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], tmp_path / "b.jsonl")
-    assert not (tmp_path / "b.jsonl").exists()
+        recipe.prepare_examples(data, model, str(tmp_path / "b"))
+    assert not (tmp_path / "b-examples").exists()
     chains.write_text("")
     data.min_score = None
     with pytest.raises(InputError, match=r"scored\.jsonl: holds no chain"):
-        recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], tmp_path / "c.jsonl")
+        recipe.prepare_examples(data, model, str(tmp_path / "c"))
 
 
 def test_examples_are_reused_only_with_the_same_data_settings(tmp_path, toy_run):
-    from transformers import AutoTokenizer
-
     from corag.errors import InputError
 
     recipe = load_recipe()
-    tokenizer = AutoTokenizer.from_pretrained(toy_run["model_name_or_path"])
     data = recipe.DataArguments(chains=toy_run["chains"], corpus=toy_run["corpus"])
-    out = tmp_path / "sft_examples.jsonl"
-    built = recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], out)
-    assert recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], out) == built
+    model, run = toy_run["model_name_or_path"], str(tmp_path / "run")
+    built = recipe.prepare_examples(data, model, run)
+    assert built == tmp_path / "run-examples"
+    assert recipe.prepare_examples(recipe.DataArguments(dataset=str(built)), model, run) == built
+    assert recipe.prepare_examples(data, model, run) == built
     data.ratio = 0.5
-    with pytest.raises(InputError, match="other data settings"):
-        recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], out)
+    with pytest.raises(InputError, match=r"other settings \(ratio\)"):
+        recipe.prepare_examples(data, model, run)
 
 
 def test_scoring_only_labelled_positions_keeps_loss_and_gradients(tiny_model_dir, monkeypatch):
