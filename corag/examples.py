@@ -334,6 +334,8 @@ def tokenized(
     from datasets import load_from_disk
 
     cache = Path(dataset_dir) / "tokenized" / fingerprint(tokenizer, chat_template_kwargs, max_length)
+    if (cache / "dataset_info.json").is_file():  # finished folders appear in one rename
+        return load_from_disk(str(cache))
     with locked(cache):
         if not (cache / "dataset_info.json").is_file():
             with atomic_folder(cache) as tmp, tempfile.TemporaryDirectory(dir=cache.parent) as work:

@@ -19,10 +19,12 @@ checkpoint in output_dir; with LoRA, `merge_lora: true` also writes a merged mod
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import sys
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,8 @@ from transformers.utils import is_torch_bf16_gpu_available
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
 from corag import examples, training
+from corag.config import load_yaml
+from corag.errors import InputError
 
 logger = logging.getLogger("corag.sft")
 
@@ -101,9 +105,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[DataArguments, SFTConfig,
         # else each process trains alone. bf16 autocast on a CPU (fast with AMX) also needs it.
         argv += ["--use_cpu", "true"]
     try:
+        if "--config" in argv:  # read here so that `base:` files are laid under it (corag.config.load_yaml)
+            at = argv.index("--config")
+            values = load_yaml(argv[at + 1])
+            argv = argv[:at] + argv[at + 2 :]
+            for key, value in values.pop("env", {}).items():
+                os.environ[key] = str(value)
+            unknown = parser.set_defaults_with_config(**values)
+            if unknown:
+                raise ValueError(f"Unknown arguments from config file: {unknown}")
         data_args, sft_args, model_args = parser.parse_args_and_config(args=argv)
-    except ValueError as e:  # TrlParser's messages name the unknown keys; make them a clean CLI error
+    except (ValueError, InputError) as e:  # messages name the unknown keys; make them a clean CLI error
         parser.error(str(e))
+    model_args.attn_implementation = attention_implementation(model_args.attn_implementation)
     if isinstance(data_args.chat_template_kwargs, str):
         data_args.chat_template_kwargs = json.loads(data_args.chat_template_kwargs)
     if model_args.model_name_or_path is None:
@@ -113,6 +127,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[DataArguments, SFTConfig,
     if data_args.chains is None and data_args.examples is None and data_args.dataset is None:
         parser.error("`dataset` (from `corag build-examples`) or `chains` and `corpus` are required")
     return data_args, sft_args, model_args
+
+
+def attention_implementation(requested: str | None) -> str | None:
+    """The requested attention, or sdpa where a flash-attention kernel cannot run (no GPU, not installed).
+
+    Padding-free batches need attention that reads sequence boundaries from position_ids: flash attention
+    does it in varlen kernels; sdpa does it with a block-diagonal mask (correct, slower: the CPU fallback).
+    """
+    kernels = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+    if requested in kernels and not (
+        torch.cuda.is_available() and importlib.util.find_spec(kernels[requested]) is not None
+    ):
+        logger.warning("%s cannot run here (no GPU or no %s); using sdpa", requested, kernels[requested])
+        return "sdpa"
+    return requested
 
 
 def prepare_examples(data_args: DataArguments, model_path: str, output_dir: str) -> Path:
@@ -154,20 +183,44 @@ def score_only_labelled_positions() -> None:
 
     Off Triton devices trl projects every position through the LM head (to keep shapes fixed for
     compilers), and with prompts of ~1000 tokens and answers of ~5 that is most of a CPU step's work.
-    The loss and gradients are the same (tests/recipes/test_sft.py). A trl without the hook is left alone.
+    The switch is `_use_triton(device)`, which `add_fused_lm_head`'s forward looks up in trl.trainer.utils
+    at every call; it is private, so this checks that trl still reads it there and fails loudly if not.
+    The loss and gradients are the same, and only labelled rows reach the LM head
+    (tests/recipes/test_sft.py).
     """
+    import trl
     import trl.trainer.utils as trl_utils
 
     original = getattr(trl_utils, "_use_triton", None)
-    if original is not None and not getattr(original, "corag_cpu", False):
+    fused = getattr(trl_utils, "add_fused_lm_head", None)
+    if not callable(original) or fused is None or not _reads_global(fused, "_use_triton"):
+        raise RuntimeError(
+            f"trl {trl.__version__} no longer switches its fused LM head with trl.trainer.utils._use_triton: "
+            "update score_only_labelled_positions in recipes/sft.py (or install the trl version it was written for)"
+        )
+    if not getattr(original, "corag_cpu", False):
         patched = lambda device: device.type == "cpu" or original(device)  # noqa: E731
         patched.corag_cpu = True
         trl_utils._use_triton = patched
 
 
+def _reads_global(function: Any, name: str) -> bool:
+    """Whether `function` (or a function defined inside it) reads the module-level `name` of its module."""
+    if function.__globals__.get(name) is None:
+        return False
+    codes = [function.__code__]
+    while codes:
+        code = codes.pop()
+        if name in code.co_names:
+            return True
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     data_args, sft_args, model_args = parse_args(argv)
-    score_only_labelled_positions()
+    if sft_args.use_cpu or not torch.cuda.is_available():
+        score_only_labelled_positions()
     logging.basicConfig(level=logging.INFO if sft_args.process_index == 0 else logging.WARNING)
     set_seed(sft_args.seed)
 

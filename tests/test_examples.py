@@ -144,3 +144,20 @@ def _flags(cfg: examples.ExamplesConfig) -> list[str]:
     from dataclasses import asdict
 
     return [part for k, v in asdict(cfg).items() if v is not None for part in (f"--{k}", str(v))]
+
+
+def test_stop_examples_scored_by_the_model_when_records_lack_prefix_scores(
+    sampled, toy_dir, tiny_model_dir, tmp_path
+):
+    with pytest.raises(InputError, match="field 'scorer_model'"):
+        examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "none", stop_examples=True))
+    cfg = config(sampled, toy_dir, tiny_model_dir, tmp_path / "stop", stop_examples=True)
+    cfg.scorer_model = str(tiny_model_dir)
+    built = rows(examples.build(cfg))
+    records = [json.loads(line) for line in sampled.read_text().splitlines()]
+    stops = [e for e in built if e["task"] == "stop"]
+    assert len(stops) == sum(len(r["steps"]) for r in records)
+    assert {e["completion"][0]["content"] for e in stops} <= {"Yes", "No"}
+    assert sorted((e["chain_id"], e["step"]) for e in stops) == sorted(
+        (r["query_id"], i) for r in records for i in range(1, len(r["steps"]) + 1)
+    )
