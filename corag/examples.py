@@ -41,7 +41,7 @@ logger = logging.getLogger("corag.examples")
 
 MANIFEST = "examples.json"
 # Settings that do not change the examples (so a resumed or repeated build may differ in them).
-NOT_CONTENT = ("output", "shard_chains", "index", "retriever_url", "scorer_model")
+NOT_CONTENT = ("output", "num_proc", "index", "retriever_url", "scorer_model")
 
 
 @dataclass
@@ -79,6 +79,13 @@ class ExamplesConfig:
         },
     )
     shard_chains: int = field(default=2000, metadata={"help": "chains per shard (the unit of resume)"})
+    num_proc: int = field(
+        default=1,
+        metadata={
+            "help": "processes building shards (each loads the tokenizer, and any retriever or scorer it "
+            "needs: prefer retriever_url then)"
+        },
+    )
 
 
 def features() -> Any:
@@ -185,35 +192,83 @@ def _truncator(config: ExamplesConfig) -> training.TokenizerTruncator | None:
     return training.TokenizerTruncator(AutoTokenizer.from_pretrained(config.tokenizer))
 
 
-def _write_shards(config: ExamplesConfig, work: Path) -> int:
-    """Build every missing shard of `work`; the number of shards."""
-    from datasets import Dataset
+class _ShardBuilder:
+    """Builds and saves one shard at a time; each worker process holds one (corpus, tokenizer, retriever)."""
 
-    from corag.data.corpus import Corpus
+    def __init__(self, config: ExamplesConfig) -> None:
+        from corag.data.corpus import Corpus
 
-    corpus, truncator = Corpus.load(config.corpus), _truncator(config)
-    retriever = _LazyRetriever(config) if (config.index or config.retriever_url) else None
-    chains = training.iter_chains(config.chains, config.min_score)
-    shards = 0
-    for shard, batch in enumerate(iter(lambda: list(itertools.islice(chains, config.shard_chains)), [])):
-        shards = shard + 1
-        folder = work / f"shard-{shard:05d}"
-        if folder.is_dir():
-            continue  # built before an interruption
+        self.config, self.corpus, self.truncator = config, Corpus.load(config.corpus), _truncator(config)
+        self.retriever = _LazyRetriever(config) if (config.index or config.retriever_url) else None
+        self.scorer = _prefix_scorer(config)
+
+    def __call__(self, folder: Path, batch: list[training.ChainRecord]) -> tuple[int, int]:
+        from datasets import Dataset
+
+        config = self.config
         examples = training.build_examples(
             batch,
-            corpus,
-            retriever=retriever,
-            truncator=truncator,
+            self.corpus,
+            retriever=self.retriever,
+            truncator=self.truncator,
             ratio=config.ratio,
             seed=config.example_seed,
             stop=config.stop_examples,
-            prefix_scores=_prefix_scorer(config),
+            prefix_scores=self.scorer,
         )
         with atomic_folder(folder) as tmp:
             Dataset.from_list(examples, features=features()).save_to_disk(str(tmp))
-        logger.info("shard %d: %d chains, %d examples", shard, len(batch), len(examples))
+        return len(batch), len(examples)
+
+
+_WORKER: list[_ShardBuilder] = []
+
+
+def _init_worker(config: ExamplesConfig) -> None:
+    _WORKER.append(_ShardBuilder(config))
+
+
+def _in_worker(folder: Path, batch: list[training.ChainRecord]) -> tuple[int, int]:
+    return _WORKER[0](folder, batch)
+
+
+def _write_shards(config: ExamplesConfig, work: Path) -> int:
+    """Build every missing shard of `work` (in `num_proc` processes, at most two shards each in flight,
+    so memory stays bounded); the number of shards."""
+    chains = training.iter_chains(config.chains, config.min_score)
+    batches = enumerate(iter(lambda: list(itertools.islice(chains, config.shard_chains)), []))
+    shards = 0
+    if config.num_proc == 1:
+        build = _ShardBuilder(config)
+        for shard, batch in batches:
+            shards = shard + 1
+            folder = work / f"shard-{shard:05d}"
+            if not folder.is_dir():  # else built before an interruption
+                _log_shard(shard, *build(folder, batch))
+        return shards
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    context = multiprocessing.get_context("spawn")  # no fork of a process holding threads or a GPU
+    with ProcessPoolExecutor(config.num_proc, context, initializer=_init_worker, initargs=(config,)) as pool:
+        pending: dict[Any, int] = {}
+        for shard, batch in batches:
+            shards = shard + 1
+            folder = work / f"shard-{shard:05d}"
+            if folder.is_dir():
+                continue
+            pending[pool.submit(_in_worker, folder, batch)] = shard
+            while len(pending) >= 2 * config.num_proc:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    _log_shard(pending.pop(future), *future.result())
+        for future in list(pending):
+            _log_shard(pending.pop(future), *future.result())
     return shards
+
+
+def _log_shard(shard: int, chains: int, examples: int) -> None:
+    logger.info("shard %d: %d chains, %d examples", shard, chains, examples)
 
 
 def _finish(work: Path, out: Path, shards: int, wanted: dict[str, Any]) -> dict[str, Any]:
@@ -239,8 +294,9 @@ def _finish(work: Path, out: Path, shards: int, wanted: dict[str, Any]) -> dict[
 
 def build(config: ExamplesConfig) -> Path:
     """Build (or resume, or find already built) the examples dataset at `config.output`."""
-    if config.shard_chains < 1:
-        raise InputError("must be at least 1", field="shard_chains")
+    for name in ("shard_chains", "num_proc"):
+        if getattr(config, name) < 1:
+            raise InputError("must be at least 1", field=name)
     out, wanted = Path(config.output), settings(config)
     with locked(out):
         found = read_manifest(out)

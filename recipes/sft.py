@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     dataset = examples.tokenized(
         dataset_dir, tokenizer, data_args.chat_template_kwargs, sft_args.max_length, sft_args.dataset_num_proc
     )
+    if sft_args.padding_free and not sft_args.packing:
+        sft_args.max_length = None  # longer examples were dropped above; trl refuses a cap it does not apply
     logger.info(
         "%d examples from %s (built: %s); processes: %d",
         len(dataset),

@@ -112,9 +112,9 @@ def test_building_twice_or_after_an_interruption_gives_the_same_dataset(
     assert not (tmp_path / "b").exists()
     assert sorted(p.name for p in partial.iterdir() if p.is_dir()) == ["shard-00000", "shard-00001"]
 
-    # Resumed: only the missing shards are built, and the dataset is the uninterrupted one.
+    # Resumed (in two processes): only the missing shards are built, and the dataset is the uninterrupted one.
     monkeypatch.setattr(training, "build_examples", real)
-    resumed = examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b"))
+    resumed = examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b", num_proc=2))
     assert rows(resumed) == first and len({e["id"] for e in first}) == len(first)
     assert examples.read_manifest(resumed) == examples.read_manifest(whole)
     assert not partial.exists()
