@@ -316,6 +316,30 @@ def test_min_score_trains_only_on_chains_that_reach_it(tmp_path, toy_run):
         recipe.prepare_examples(data, model, str(tmp_path / "c"))
 
 
+def test_prebuilt_example_files_become_a_dataset_once(tmp_path, toy_run):
+    from corag import training
+
+    recipe = load_recipe()
+    records = [
+        {
+            "prompt": [{"role": "user", "content": f"question {i}"}],
+            "completion": [{"role": "assistant", "content": f"answer {i}"}],
+            "task": "final",
+            "id": f"w{i}",
+        }
+        for i in range(3)
+    ]
+    jsonl = tmp_path / "warm.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = recipe.DataArguments(examples=str(jsonl))
+    out = recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run"))
+    assert load_from_disk(str(out)).to_list() == records
+    assert recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run")) == out
+    jsonl.write_text(json.dumps({**records[0], "task": "essay"}) + "\n")
+    with pytest.raises(training.InputError, match=r"warm\.jsonl, line 1, id 'w0', field 'task'"):
+        recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "other"))
+
+
 def test_examples_are_reused_only_with_the_same_data_settings(tmp_path, toy_run):
     from corag.errors import InputError
 
