@@ -1,6 +1,6 @@
 """`corag build-examples`: chains become a three-task prompt/completion dataset on disk, once.
 
-    corag build-examples --config configs/sft/examples.yaml [--key value ...]
+    corag build-examples --config configs/examples/llama3.1-8b.yaml [--key value ...]
 
 The chains file (as `corag sample` writes it) is streamed in shards of `shard_chains` chains. Each shard's
 examples (sub-query, sub-answer, final answer, and learned-stop on request; see corag/training.py) are
