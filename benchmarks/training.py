@@ -176,12 +176,13 @@ def synthetic_inputs(num_chains: int, out: Path, seed: int, passages: int = 2000
 
 
 BUILD = """
-import json, resource, sys, time
+import json, sys, time
 from corag import examples
 start = time.perf_counter()
 examples.build(examples.ExamplesConfig(chains=sys.argv[1], corpus=sys.argv[2], output=sys.argv[3],
                                        tokenizer=sys.argv[4] or None, num_proc=int(sys.argv[5])))
-rss = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+# VmHWM: this process's own peak (getrusage's maxrss would include the parent's size before exec)
+rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_mb": rss / 1024,
                   "examples": examples.read_manifest(sys.argv[3])["examples"]}))
 """
@@ -224,7 +225,9 @@ def main() -> None:
         "--threads", type=int, default=1, help="torch threads (1 keeps timings steady on a busy machine)"
     )
     ap.add_argument("--chains", type=int, default=100_000, help="synthetic chains for the examples step")
-    ap.add_argument("--build-proc", type=int, default=1, help="processes of the examples step (num_proc)")
+    ap.add_argument(
+        "--build-proc", type=int, default=1, help="processes of the examples step (RSS is the main one's)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
