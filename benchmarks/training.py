@@ -1,13 +1,19 @@
-"""Training throughput: BFD packing (padding-free rows) against plain padded batches, same data and model.
+"""Training data path and throughput.
 
-Toy-world chains with their documents re-retrieved by BM25 (top 5 per step, top 20 per question), so the
-examples have the spread of lengths the real three-task mix has (short sub-query prompts, long final-answer
-prompts). Both runs train one epoch of the same examples from the same tiny Llama with trl's SFTTrainer
-(its training step, collator and packing), their steps interleaved so that load on a shared machine hits
-both alike. Tokens/s counts real (non-padding) tokens.
-The last printed line is JSON: speedup (packed over padded tokens/s), and the final losses of both.
+1. Batches: padding-free batches (a batch's examples laid end to end in one row, as the 8B configs train)
+   and BFD packing, each against plain padded batches, same data and model. Toy-world chains with their
+   documents re-retrieved by BM25 (top 5 per step, top 20 per question), so the examples have the spread
+   of lengths the real three-task mix has (short sub-query prompts, long final-answer prompts). The runs
+   train one epoch of the same examples from the same tiny Llama with trl's SFTTrainer (its training
+   step, collator and packing), their steps interleaved so that load on a shared machine hits them alike.
+   Tokens/s counts real (non-padding) tokens.
+2. Examples: `corag build-examples` on synthetic chains (`--chains`, default 100k, and a tenth of it), each
+   in its own process: seconds and peak RSS, which should not grow with the number of chains.
 
-    python benchmarks/training.py [--entities 80] [--examples 128] [--seed 0]
+The last printed line is JSON: speedups over padded tokens/s, final losses, and the examples step's
+seconds and peak RSS at both sizes.
+
+    python benchmarks/training.py [--entities 80] [--examples 128] [--chains 100000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import argparse
 import json
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -57,7 +65,7 @@ def build_dataset(entities: int, seed: int, size: int, out: Path):
     )
     examples = random.Random(seed).sample(examples, min(size, len(examples)))
     dataset = training.tokenize_dataset(training.to_dataset(examples), tokenizer)
-    return tokenizer, dataset.remove_columns(["prompt", "completion", "task", "id"])
+    return tokenizer, dataset.select_columns(["input_ids", "labels"])
 
 
 def trainer_for(tokenizer, dataset, out: Path, seed: int, **config) -> SFTTrainer:
@@ -130,17 +138,95 @@ def interleaved_epoch(runs: dict[str, tuple[SFTTrainer, int]]) -> dict[str, dict
     }
 
 
+def synthetic_inputs(num_chains: int, out: Path, seed: int, passages: int = 20000) -> tuple[Path, Path]:
+    """A corpus of `passages` passages of 100 toy-world words (as long as KILT's) and `num_chains` chain
+    records as `corag sample` writes them (1-4 steps, five doc ids per step, twenty context ids)."""
+    rng = random.Random(seed)
+    words = sorted(
+        {w for p in generate_world(seed=seed, num_entities=80).passages for w in p.contents.split()}
+    )
+    corpus = out / "corpus.jsonl"
+    with open(corpus, "w") as f:
+        for i in range(passages):
+            text = " ".join(rng.choices(words, k=100))
+            f.write(json.dumps({"id": str(i), "title": f"Title {i}", "contents": text}) + "\n")
+    chains = out / f"chains-{num_chains}.jsonl"
+    with open(chains, "w") as f:
+        for i in range(num_chains):
+            steps = [
+                {
+                    "subquery": " ".join(rng.choices(words, k=8)) + "?",
+                    "subanswer": " ".join(rng.choices(words, k=3)),
+                    "doc_ids": [str(rng.randrange(passages)) for _ in range(5)],
+                }
+                for _ in range(rng.randint(1, 4))
+            ]
+            record = {
+                "query_id": f"q{i}",
+                "query": " ".join(rng.choices(words, k=12)) + "?",
+                "answers": [" ".join(rng.choices(words, k=2))],
+                "context_doc_ids": [str(rng.randrange(passages)) for _ in range(20)],
+                "subqueries": [s["subquery"] for s in steps],
+                "subanswers": [s["subanswer"] for s in steps],
+                "steps": steps,
+                "score": -0.5,
+            }
+            f.write(json.dumps(record) + "\n")
+    return corpus, chains
+
+
+BUILD = """
+import json, sys, time
+from corag import examples
+start = time.perf_counter()
+examples.build(examples.ExamplesConfig(chains=sys.argv[1], corpus=sys.argv[2], output=sys.argv[3],
+                                       tokenizer=sys.argv[4] or None, num_proc=int(sys.argv[5])))
+# VmHWM: this process's own peak (getrusage's maxrss would include the parent's size before exec)
+rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_mb": rss / 1024,
+                  "examples": examples.read_manifest(sys.argv[3])["examples"]}))
+"""
+
+
+def examples_step(
+    num_chains: int, tmp: Path, seed: int, tokenizer_dir: Path | None, num_proc: int = 1
+) -> dict[str, dict]:
+    """`corag build-examples` at a tenth of `num_chains` and at `num_chains`, each in a fresh process."""
+    results = {}
+    for n in (num_chains // 10, num_chains):
+        corpus, chains = synthetic_inputs(n, tmp, seed)
+        Corpus.load(corpus)  # the store is prepared once, as before any real build
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        args = [sys.executable, "-c", BUILD, str(chains), str(corpus), str(tmp / f"examples-{n}")]
+        done = subprocess.run(
+            [*args, str(tokenizer_dir or ""), str(num_proc)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-3000:])
+        results[str(n)] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"build-examples, {n} chains: {results[str(n)]}")
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--entities", type=int, default=80)
     ap.add_argument("--examples", type=int, default=128, help="examples trained (a seeded sample)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch-size", type=int, default=8, help="padded batch size")
+    ap.add_argument("--batch-size", type=int, default=8, help="padded and padding-free batch size")
     ap.add_argument(
         "--row", type=int, default=1024, help="packed row length (tokens); keep it near the longest example"
     )
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads (1 keeps timings steady on a busy machine)"
+    )
+    ap.add_argument("--chains", type=int, default=100_000, help="synthetic chains for the examples step")
+    ap.add_argument(
+        "--build-proc", type=int, default=1, help="processes of the examples step (RSS is the main one's)"
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -149,14 +235,10 @@ def main() -> None:
         tokenizer, dataset = build_dataset(args.entities, args.seed, args.examples, tmp)
         lengths = sorted(len(ids) for ids in dataset["input_ids"])
         mean = sum(lengths) / len(lengths)
-        padded = trainer_for(
-            tokenizer,
-            dataset,
-            tmp / "padded",
-            args.seed,
-            per_device_train_batch_size=args.batch_size,
-            packing=False,
-            max_length=max(lengths),
+        batched = dict(per_device_train_batch_size=args.batch_size, packing=False, max_length=max(lengths))
+        padded = trainer_for(tokenizer, dataset, tmp / "padded", args.seed, **batched)
+        free = trainer_for(
+            tokenizer, dataset, tmp / "free", args.seed, padding_free=True, **batched | {"max_length": None}
         )
         packed = trainer_for(
             tokenizer,
@@ -167,27 +249,41 @@ def main() -> None:
             packing=True,
             max_length=args.row,
         )
-        # About the same number of real tokens per optimizer step in both runs.
+        # About the same number of real tokens per optimizer step in every run.
         accumulation = max(1, round(args.batch_size * mean / args.row))
-        results = interleaved_epoch({"padded": (padded, 1), "packed": (packed, accumulation)})
-        padded, packed = results["padded"], results["packed"]
+        runs = {"padded": (padded, 1), "padding_free": (free, 1), "packed": (packed, accumulation)}
+        results = interleaved_epoch(runs)
+        tokenizer.save_pretrained(tmp / "tokenizer")
+        built = examples_step(args.chains, tmp, args.seed, tmp / "tokenizer", args.build_proc)
     print(f"{len(lengths)} examples, tokens min/mean/max {lengths[0]}/{mean:.0f}/{lengths[-1]}")
-    for name, run in (("padded", padded), ("packed", packed)):
+    for name, run in results.items():
         print(
             f"{name}: {run['tokens_per_s']:.0f} tokens/s, {run['steps']} steps, {run['seconds']:.1f} s, "
             f"final loss {run['final_loss']:.3f}"
         )
+    padded, free, packed = results["padded"], results["padding_free"], results["packed"]
+    small, large = built[str(args.chains // 10)], built[str(args.chains)]
     print(
         json.dumps(
             {
                 "speedup": round(packed["tokens_per_s"] / padded["tokens_per_s"], 3),
+                "speedup_padding_free": round(free["tokens_per_s"] / padded["tokens_per_s"], 3),
                 "final_loss_packed": round(packed["final_loss"], 4),
+                "final_loss_padding_free": round(free["final_loss"], 4),
                 "final_loss_padded": round(padded["final_loss"], 4),
                 "tokens_per_s_packed": round(packed["tokens_per_s"], 1),
+                "tokens_per_s_padding_free": round(free["tokens_per_s"], 1),
                 "tokens_per_s_padded": round(padded["tokens_per_s"], 1),
                 "padding_efficiency_padded": round(padded["padding_efficiency"], 3),
                 "examples": len(lengths),
                 "mean_tokens": round(mean, 1),
+                "build_chains": args.chains,
+                "build_proc": args.build_proc,
+                "build_examples": large["examples"],
+                "build_seconds": round(large["seconds"], 1),
+                "build_peak_rss_mb": round(large["peak_rss_mb"]),
+                "build_peak_rss_mb_tenth": round(small["peak_rss_mb"]),
+                "build_rss_growth": round(large["peak_rss_mb"] / small["peak_rss_mb"], 3),
             }
         )
     )

@@ -44,14 +44,30 @@ def parse_config(cls: type[T], argv: list[str] | None, description: str = "") ->
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML mapping from a file, with a clear error for anything else."""
+    """A YAML mapping from a file, with a clear error for anything else.
+
+    A `base: other.yaml` key (a path relative to the file) reads that file first and lays this one's keys
+    over it, so configs that share settings keep them in one place.
+    """
+    return _load_yaml(Path(path), ())
+
+
+def _load_yaml(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     try:
-        values = yaml.safe_load(Path(path).read_text()) or {}
+        values = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise InputError(f"cannot read YAML: {exc}", file=str(path)) from None
     if not isinstance(values, dict):
         raise InputError("a config file must hold a mapping of keys to values", file=str(path))
-    return values
+    base = values.pop("base", None)
+    if base is None:
+        return values
+    if not isinstance(base, str):
+        raise InputError("must be the path of another YAML file", file=str(path), field="base")
+    base_path = (path.parent / base).resolve()
+    if base_path in seen:
+        raise InputError("bases form a cycle", file=str(path), field="base")
+    return {**_load_yaml(base_path, (*seen, path.resolve())), **values}
 
 
 def parse_args_with_config(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

@@ -12,7 +12,7 @@ draw per example (deterministic, independent of record order and sharding); fina
 kept, and so are stop examples. Documents are only looked up (or re-retrieved) for examples that are kept.
 
 Examples are conversational prompt/completion dicts ({"prompt": [user], "completion": [assistant],
-"task", "id"}). `tokenize_example` turns one into input_ids/labels where exactly the target's content
+"task", "id", and the provenance "chain_id" and "step"}). `tokenize_example` turns one into input_ids/labels where exactly the target's content
 tokens and the template's end-of-turn token carry labels, whatever the chat template puts around them.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,6 +68,18 @@ def _str_list(obj: Mapping[str, Any], key: str, rid: str, where: dict[str, Any])
     return [str(v) for v in value]
 
 
+def _step_doc_ids(steps: Any, n: int, rid: str, where: dict[str, Any]) -> list[list[str]]:
+    if not isinstance(steps, list) or len(steps) != n or not all(isinstance(s, Mapping) for s in steps):
+        raise InputError(f"must hold one object per sub-query ({n})", record=rid, field="steps", **where)
+    out = []
+    for i, step in enumerate(steps):
+        ids = step.get("doc_ids", [])
+        if not isinstance(ids, list) or not all(isinstance(d, (str, int)) for d in ids):
+            raise InputError("must be a list of ids", record=rid, field=f"steps[{i}].doc_ids", **where)
+        out.append([str(d) for d in ids])
+    return out
+
+
 def parse_chain(obj: Mapping[str, Any], *, file: str | None = None, line: int | None = None) -> ChainRecord:
     """Validate one chain record; a bad one raises InputError naming the record id and the field."""
     where: dict[str, Any] = {"file": file, "line": line}
@@ -96,7 +108,9 @@ def parse_chain(obj: Mapping[str, Any], *, file: str | None = None, line: int | 
         if any(not v.strip() for v in values):
             raise InputError("holds an empty string", record=rid, field=key, **where)
     step_docs: list[list[str]] = [[] for _ in subqueries]
-    if obj.get("doc_ids") is not None:
+    if obj.get("steps") is not None:  # `corag sample` records: the documents each step read
+        step_docs = _step_doc_ids(obj["steps"], len(subqueries), rid, where)
+    elif obj.get("doc_ids") is not None:
         raw = obj["doc_ids"]
         if (
             not isinstance(raw, list)
@@ -128,14 +142,13 @@ def parse_chain(obj: Mapping[str, Any], *, file: str | None = None, line: int | 
     )
 
 
-def load_chains(path: str | Path, min_score: float | None = None) -> list[ChainRecord]:
-    """Read chain records from JSONL; errors name the file, line and record.
+def iter_chains(path: str | Path, min_score: float | None = None) -> Iterator[ChainRecord]:
+    """Chain records streamed from JSONL, one at a time; errors name the file, line and record.
 
     With `min_score`, rejection: a chain whose score (the mean log-likelihood of the gold answer given
     the chain) is below it is left out, so the model never learns to give the gold answer after a chain
     that does not lead to it. By default every record is kept, as the paper keeps each question's best.
     """
-    chains = []
     with open(path, encoding="utf-8") as f:
         for lineno, text in enumerate(f, start=1):
             if not text.strip():
@@ -149,8 +162,12 @@ def load_chains(path: str | Path, min_score: float | None = None) -> list[ChainR
                 where = {"file": str(path), "line": lineno, "record": chain.id}
                 raise InputError("has no score to compare with min_score", field="score", **where)
             if min_score is None or chain.score >= min_score:
-                chains.append(chain)
-    return chains
+                yield chain
+
+
+def load_chains(path: str | Path, min_score: float | None = None) -> list[ChainRecord]:
+    """All chain records of a JSONL file (see `iter_chains`)."""
+    return list(iter_chains(path, min_score))
 
 
 # ------------------------------------------------------------------------------------------ truncation
@@ -164,7 +181,13 @@ class TokenizerTruncator:
 
     def truncate_tokens(self, text: str, max_tokens: int, *, middle: bool = False) -> str:
         """Cut `text` to `max_tokens` tokens: keep the start, or with `middle` the first and last halves."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        backend = getattr(
+            self.tokenizer, "_tokenizer", None
+        )  # a fast tokenizer's Rust core: same ids, less overhead
+        if backend is not None:
+            ids = backend.encode(text, add_special_tokens=False).ids
+        else:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) <= max_tokens:
             return text
         if middle:  # the first half gets the odd token, as in corag.lm
@@ -230,6 +253,8 @@ def _example(task: str, rid: str, index: int, messages: list[Message], target: s
         "completion": [{"role": "assistant", "content": target}],
         "task": task,
         "id": f"{rid}/{task}/{index}",
+        "chain_id": rid,
+        "step": index,
     }
 
 
@@ -238,7 +263,9 @@ def _hits_ids(retriever: Retriever | None, queries: list[str], k: int, what: str
         return []
     if retriever is None:
         raise InputError(
-            f"{len(queries)} {what} have no document ids and no retriever was given to re-retrieve"
+            f"{len(queries)} {what} have no document ids to read and nothing to re-retrieve them with: "
+            "set `index` (an index folder) or `retriever_url` (a `corag serve-retriever` address)",
+            field="index",
         )
     hits = []
     for start in tqdm(range(0, len(queries), 256), desc=f"re-retrieve {what}", disable=len(queries) < 1000):
@@ -405,11 +432,16 @@ def tokenize_dataset(
     tokenizer: Any,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     num_proc: int | None = None,
+    **map_kwargs: Any,
 ) -> Any:
-    """Add input_ids/labels to a prompt/completion Dataset; trl's SFTTrainer then skips its own tokenization
-    and label building, and only truncates or packs."""
-    return dataset.map(
-        lambda ex: tokenize_example(tokenizer, ex["prompt"], ex["completion"], chat_template_kwargs),
-        desc="tokenize",
-        num_proc=num_proc,
-    )
+    """Add input_ids/labels (and their length) to a prompt/completion Dataset; trl's SFTTrainer then skips
+    its own tokenization and label building, and only truncates or packs."""
+
+    def tokenize(ex: Mapping[str, Any]) -> dict[str, Any]:
+        tokens: dict[str, Any] = tokenize_example(
+            tokenizer, ex["prompt"], ex["completion"], chat_template_kwargs
+        )
+        tokens["length"] = len(tokens["input_ids"])
+        return tokens
+
+    return dataset.map(tokenize, desc="tokenize", num_proc=num_proc, **map_kwargs)

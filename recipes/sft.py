@@ -1,21 +1,31 @@
 """Three-task SFT of a chain-of-retrieval model (as in the CoRAG paper), top to bottom.
 
-    accelerate launch --config_file configs/accelerate/ddp.yaml recipes/sft.py \
-        --config configs/sft/llama3.1-8b-full.yaml [--key value ...]
+    corag build-examples --chains chains.jsonl --corpus CORPUS --tokenizer MODEL --output EXAMPLES
+    accelerate launch --config_file configs/accelerate/zero3.yaml recipes/sft.py \
+        --config configs/sft/llama3.1-8b-full.yaml --dataset EXAMPLES [--key value ...]
 
-Chains (the sampling stage's JSONL) become sub-query, sub-answer and final-answer examples (and
-learned-stop examples on request); loss falls only on each target and its end-of-turn token. Full
-fine-tuning, or LoRA with `use_peft: true`; resumes from the last checkpoint in output_dir; with LoRA,
-`merge_lora: true` also writes a merged model to `<output_dir>/merged` that transformers and vLLM load.
+Launch pairings: 8B full fine-tuning with `zero3.yaml` (DeepSpeed ZeRO-3, `pip install corag[deepspeed]`)
+or `fsdp.yaml` (FSDP2), since parameters, gradients and Adam states (~16 bytes a parameter) must be
+sharded across the 8 GPUs; LoRA (`qwen3-4b-lora.yaml`) and the toy model with `ddp.yaml` or `single.yaml`.
+
+The examples (sub-query, sub-answer and final-answer, and learned-stop on request) come from a dataset
+`corag build-examples` wrote; given `chains` instead, the recipe runs that same step first (one process
+builds under a lock while the others wait, no collective pending) into `<output_dir>-examples`. Tokens
+are computed once and cached beside the examples; every process memory-maps both. Loss falls only on each
+target and its end-of-turn token. Full fine-tuning, or LoRA with `use_peft: true`; resumes from the last
+checkpoint in output_dir; with LoRA, `merge_lora: true` also writes a merged model to
+`<output_dir>/merged` that transformers and vLLM load.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+import types
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +35,24 @@ from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import is_torch_bf16_gpu_available
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
-from corag import training
-from corag.data.jsonl import write_jsonl
+from corag import examples, training
+from corag.config import load_yaml
+from corag.errors import InputError
 
 logger = logging.getLogger("corag.sft")
 
 
 @dataclass
 class DataArguments:
-    """Where the chains come from and how examples are built from them."""
+    """The examples to train on: a dataset `corag build-examples` wrote, or chains to build it from first."""
 
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "examples dataset folder (`corag build-examples`); with `chains`, where it is built "
+            "(default: <output_dir>-examples, beside the checkpoints)"
+        },
+    )
     chains: str | None = field(default=None, metadata={"help": "chain records JSONL (sampling stage output)"})
     examples: str | None = field(
         default=None,
@@ -47,6 +65,9 @@ class DataArguments:
     )
     index: str | None = field(
         default=None, metadata={"help": "index folder (`corag index`) to re-retrieve steps without doc ids"}
+    )
+    retriever_url: str | None = field(
+        default=None, metadata={"help": "`corag serve-retriever` address, instead of `index`"}
     )
     min_score: float | None = field(
         default=None,
@@ -84,81 +105,78 @@ def parse_args(argv: list[str] | None = None) -> tuple[DataArguments, SFTConfig,
         # else each process trains alone. bf16 autocast on a CPU (fast with AMX) also needs it.
         argv += ["--use_cpu", "true"]
     try:
+        if "--config" in argv:  # read here so that `base:` files are laid under it (corag.config.load_yaml)
+            at = argv.index("--config")
+            values = load_yaml(argv[at + 1])
+            argv = argv[:at] + argv[at + 2 :]
+            for key, value in values.pop("env", {}).items():
+                os.environ[key] = str(value)
+            unknown = parser.set_defaults_with_config(**values)
+            if unknown:
+                raise ValueError(f"Unknown arguments from config file: {unknown}")
         data_args, sft_args, model_args = parser.parse_args_and_config(args=argv)
-    except ValueError as e:  # TrlParser's messages name the unknown keys; make them a clean CLI error
+    except (ValueError, InputError) as e:  # messages name the unknown keys; make them a clean CLI error
         parser.error(str(e))
+    model_args.attn_implementation = attention_implementation(model_args.attn_implementation)
     if isinstance(data_args.chat_template_kwargs, str):
         data_args.chat_template_kwargs = json.loads(data_args.chat_template_kwargs)
     if model_args.model_name_or_path is None:
         parser.error("`model_name_or_path` is required")
-    if data_args.examples is None and None in (data_args.chains, data_args.corpus):
-        parser.error("`chains` and `corpus` are required (or prebuilt `examples`)")
+    if data_args.chains is not None and data_args.corpus is None:
+        parser.error("`chains` needs `corpus` (the documents of the examples)")
+    if data_args.chains is None and data_args.examples is None and data_args.dataset is None:
+        parser.error("`dataset` (from `corag build-examples`) or `chains` and `corpus` are required")
     return data_args, sft_args, model_args
 
 
-def load_retriever(index: str | None) -> Any:
-    """The retriever saved in an index folder, by the kind its manifest names (None without a folder)."""
-    if index is None:
-        return None
-    from corag.retrieval.bm25 import BM25Retriever
-    from corag.retrieval.dense import load_dense
+def attention_implementation(requested: str | None) -> str | None:
+    """The requested attention, or sdpa where a flash-attention kernel cannot run (no GPU, not installed).
 
-    loaders = {"bm25": BM25Retriever.load, "dense": load_dense}
-    kind = json.loads((Path(index) / "manifest.json").read_text()).get("kind")
-    return loaders[kind](index)
+    Padding-free batches need attention that reads sequence boundaries from position_ids: flash attention
+    does it in varlen kernels; sdpa does it with a block-diagonal mask (correct, slower: the CPU fallback).
+    """
+    kernels = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+    if requested in kernels and not (
+        torch.cuda.is_available() and importlib.util.find_spec(kernels[requested]) is not None
+    ):
+        logger.warning("%s cannot run here (no GPU or no %s); using sdpa", requested, kernels[requested])
+        return "sdpa"
+    return requested
 
 
-def build_examples(
-    data_args: DataArguments, tokenizer: Any, model_path: str, out: Path
-) -> list[dict[str, Any]]:
-    """Examples from the chains, written once to `out` so that other ranks and resumed runs reuse them."""
-    settings = {k: v for k, v in asdict(data_args).items() if k not in ("merge_lora", "chat_template_kwargs")}
-    recorded = out.with_suffix(".args.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists():
-        if not recorded.exists() or json.loads(recorded.read_text()) != settings:
-            raise training.InputError(
-                "holds examples built with other data settings; use a new output_dir or delete the file",
-                file=str(out),
-            )
-        return training.load_example_file(out)
-    if data_args.examples is not None:
-        examples = training.load_example_file(data_args.examples)
-        recorded.write_text(json.dumps(settings, indent=1))
-        write_jsonl(out, examples)
-        return examples
-    from corag.data.corpus import Corpus
+def prepare_examples(data_args: DataArguments, model_path: str, output_dir: str) -> Path:
+    """The examples dataset folder: as given, or built first from `chains` (or `examples` JSONL).
 
-    chains = training.load_chains(data_args.chains, data_args.min_score)
-    if not chains:
-        if data_args.min_score is None:
-            raise training.InputError("holds no chain", file=data_args.chains)
-        raise training.InputError(
-            f"no chain scores {data_args.min_score} or more", file=data_args.chains, field="min_score"
+    Every process calls this; `corag build-examples`' lock lets one build while the others wait, with no
+    collective pending (so no ddp_timeout), and a finished dataset is found at once.
+    """
+    out = Path(output_dir)
+    target = Path(data_args.dataset) if data_args.dataset else out.with_name(out.name + "-examples")
+    if data_args.chains is not None:
+        config = examples.ExamplesConfig(
+            chains=data_args.chains,
+            corpus=data_args.corpus,
+            output=str(target),
+            tokenizer=model_path,
+            index=data_args.index,
+            retriever_url=data_args.retriever_url,
+            min_score=data_args.min_score,
+            ratio=data_args.ratio,
+            example_seed=data_args.example_seed,
+            stop_examples=data_args.stop_examples,
+            scorer_model=model_path,  # records without prefix scores are scored by the model to be trained
+            chat_template_kwargs=data_args.chat_template_kwargs,
         )
-    logger.info("training on %d chains from %s", len(chains), data_args.chains)
-    corpus = Corpus.load(data_args.corpus)
-    scorer = None
-    if data_args.stop_examples and any(c.prefix_scores is None for c in chains):
-        # Records without prefix scores are scored by the model about to be trained (as sampled).
-        from corag.settings import EngineSettings
-
-        engine = EngineSettings(chat_template_kwargs=data_args.chat_template_kwargs)
-        scorer = training.lm_prefix_scorer(engine.load(model_path))
-    examples = training.build_examples(
-        chains,
-        corpus,
-        retriever=load_retriever(data_args.index),
-        truncator=training.TokenizerTruncator(tokenizer),
-        ratio=data_args.ratio,
-        seed=data_args.example_seed,
-        stop=data_args.stop_examples,
-        prefix_scores=scorer,
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    recorded.write_text(json.dumps(settings, indent=1))
-    write_jsonl(out, examples)
-    return examples
+        return examples.build(config)
+    if data_args.examples is not None:
+        return examples.from_jsonl(data_args.examples, target)
+    if examples.read_manifest(target) is None:
+        raise training.InputError(
+            "is not an examples dataset (build one with `corag build-examples`)",
+            file=str(target),
+            field="dataset",
+        )
+    return target
 
 
 def score_only_labelled_positions() -> None:
@@ -166,20 +184,44 @@ def score_only_labelled_positions() -> None:
 
     Off Triton devices trl projects every position through the LM head (to keep shapes fixed for
     compilers), and with prompts of ~1000 tokens and answers of ~5 that is most of a CPU step's work.
-    The loss and gradients are the same (tests/recipes/test_sft.py). A trl without the hook is left alone.
+    The switch is `_use_triton(device)`, which `add_fused_lm_head`'s forward looks up in trl.trainer.utils
+    at every call; it is private, so this checks that trl still reads it there and fails loudly if not.
+    The loss and gradients are the same, and only labelled rows reach the LM head
+    (tests/recipes/test_sft.py).
     """
+    import trl
     import trl.trainer.utils as trl_utils
 
     original = getattr(trl_utils, "_use_triton", None)
-    if original is not None and not getattr(original, "corag_cpu", False):
+    fused = getattr(trl_utils, "add_fused_lm_head", None)
+    if not callable(original) or fused is None or not _reads_global(fused, "_use_triton"):
+        raise RuntimeError(
+            f"trl {trl.__version__} no longer switches its fused LM head with trl.trainer.utils._use_triton: "
+            "update score_only_labelled_positions in recipes/sft.py (or install the trl version it was written for)"
+        )
+    if not getattr(original, "corag_cpu", False):
         patched = lambda device: device.type == "cpu" or original(device)  # noqa: E731
         patched.corag_cpu = True
         trl_utils._use_triton = patched
 
 
+def _reads_global(function: Any, name: str) -> bool:
+    """Whether `function` (or a function defined inside it) reads the module-level `name` of its module."""
+    if function.__globals__.get(name) is None:
+        return False
+    codes = [function.__code__]
+    while codes:
+        code = codes.pop()
+        if name in code.co_names:
+            return True
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     data_args, sft_args, model_args = parse_args(argv)
-    score_only_labelled_positions()
+    if sft_args.use_cpu or not torch.cuda.is_available():
+        score_only_labelled_positions()
     logging.basicConfig(level=logging.INFO if sft_args.process_index == 0 else logging.WARNING)
     set_seed(sft_args.seed)
 
@@ -199,33 +241,20 @@ def main(argv: list[str] | None = None) -> int:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
-    # 3. Examples (built on the main process first, then read by the others) and their tokens.
-    with sft_args.main_process_first(desc="build examples"):
-        examples = build_examples(
-            data_args,
-            tokenizer,
-            model_args.model_name_or_path,
-            Path(sft_args.output_dir) / "sft_examples.jsonl",
-        )
-        dataset = training.tokenize_dataset(
-            training.to_dataset(examples),
-            tokenizer,
-            data_args.chat_template_kwargs,
-            sft_args.dataset_num_proc,
-        )
-    if sft_args.max_length is not None:
-        # trl would cut a longer sequence at the end, through its target: drop it instead, and say so.
-        too_long = sum(len(ids) > sft_args.max_length for ids in dataset["input_ids"])
-        if too_long:
-            logger.warning("dropping %d examples longer than max_length %d", too_long, sft_args.max_length)
-            dataset = dataset.filter(lambda ex: len(ex["input_ids"]) <= sft_args.max_length)
-        if len(dataset) == 0:
-            raise training.InputError(
-                f"no example fits max_length {sft_args.max_length} (all {too_long} are longer)",
-                field="max_length",
-            )
-    counts = {task: sum(e["task"] == task for e in examples) for task in training.TASKS}
-    logger.info("examples: %s; processes: %d", counts, sft_args.world_size)
+    # 3. Examples: built once (or found built), then tokenized once; every process memory-maps both.
+    dataset_dir = prepare_examples(data_args, model_args.model_name_or_path, sft_args.output_dir)
+    dataset = examples.tokenized(
+        dataset_dir, tokenizer, data_args.chat_template_kwargs, sft_args.max_length, sft_args.dataset_num_proc
+    )
+    if sft_args.padding_free and not sft_args.packing:
+        sft_args.max_length = None  # longer examples were dropped above; trl refuses a cap it does not apply
+    logger.info(
+        "%d examples from %s (built: %s); processes: %d",
+        len(dataset),
+        dataset_dir,
+        examples.read_manifest(dataset_dir)["tasks"],
+        sft_args.world_size,
+    )
 
     # 4. Model in the config's dtype (bf16 for the GPU configs); no KV cache while training.
     dtypes = {

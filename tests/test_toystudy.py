@@ -43,10 +43,8 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
     assert (warm["num_attention_heads"], warm["head_dim"], warm["hidden_size"]) == (4, 64, 128)
     assert json.loads((out / "models" / "corag" / "trainer_state.json").read_text())["num_train_epochs"] == 2
     # Rejection at the study's min_score (here below every score: all four chains are trained on).
-    corag = out / "models" / "corag"
-    assert json.loads((corag / "sft_examples.args.json").read_text())["min_score"] == -1000.0
-    built = (corag / "sft_examples.jsonl").read_text().splitlines()
-    assert sum(json.loads(line)["task"] == "final" for line in built) == 4
+    built = json.loads((out / "models" / "corag-examples" / "examples.json").read_text())
+    assert built["settings"]["min_score"] == -1000.0 and built["tasks"]["final"] == 4
     # bfloat16 on request, on any CPU: autocast in both fine-tunings (weights saved in float32).
     assert summary["dtype"] == "bfloat16"
     for model in ("corag", "single_step"):

@@ -218,6 +218,19 @@ def test_bad_chain_records_name_record_and_field(tmp_path, toy_world):
         training.load_chains(path)
 
 
+def test_per_step_doc_ids_of_sampled_records_are_read(toy_world):
+    good = chain_record(toy_world.train[0], with_docs=False)
+    docs = [list(s.doc_ids) for s in toy_world.train[0].decomposition]
+    steps = [{"subquery": q, "doc_ids": d} for q, d in zip(good["subqueries"], docs, strict=True)]
+    chain = training.parse_chain({**good, "steps": steps})
+    assert [list(s.doc_ids) for s in chain.steps] == docs and all(docs)
+    with pytest.raises(InputError, match=r"id 'q4', field 'steps\[1\]\.doc_ids'"):
+        bad = [steps[0], {**steps[1], "doc_ids": "d1"}, *steps[2:]]
+        training.parse_chain({**good, "query_id": "q4", "steps": bad})
+    with pytest.raises(InputError, match=r"id 'q5', field 'steps': must hold one object per sub-query"):
+        training.parse_chain({**good, "query_id": "q5", "steps": steps[:-1]})
+
+
 def test_min_score_keeps_only_chains_scored_at_least_it(tmp_path, toy_world):
     scores = [-0.01, -0.69, -0.7, -5.2, None]
     records = [{**chain_record(ex), "score": s} for ex, s in zip(toy_world.train, scores, strict=False)]
@@ -287,7 +300,7 @@ def test_ratio_holds_on_a_large_sample(chains, corpus):
 
 def test_steps_without_doc_ids_are_re_retrieved(toy_world, corpus):
     records = [training.parse_chain(chain_record(ex, with_docs=False)) for ex in toy_world.train[:20]]
-    with pytest.raises(InputError, match="no retriever"):
+    with pytest.raises(InputError, match="nothing to re-retrieve them with: set `index`"):
         training.build_examples(records, corpus, ratio=1.0)
     retriever = BM25Retriever.from_passages(toy_world.passages)
     built = training.build_examples(records, corpus, retriever=retriever, ratio=1.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from datasets import load_from_disk
 from safetensors.torch import load_file
 from transformers.utils import is_torch_bf16_gpu_available
 
@@ -57,11 +59,11 @@ def toy_run(toy_world, toy_dir, tiny_model_dir, tmp_path_factory) -> dict[str, s
 
 
 def launch(
-    toy_run: dict, out: Path, *extra: str, accelerate: list[str] | None = None
+    toy_run: dict, out: Path, *extra: str, accelerate: list[str] | None = None, config: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """Run the recipe with the toy config, as a user would (through accelerate launch)."""
-    args = ["--config", str(REPO / "configs/sft/toy.yaml"), "--output_dir", str(out)]
-    for key in ("model_name_or_path", "chains", "corpus"):
+    """Run the recipe with the toy config (or `config`, without chains), as a user would (accelerate launch)."""
+    args = ["--config", str(config or REPO / "configs/sft/toy.yaml"), "--output_dir", str(out)]
+    for key in ("model_name_or_path",) if config else ("model_name_or_path", "chains", "corpus"):
         args += [f"--{key}", toy_run[key]]
     cmd = [
         str(ACCELERATE),
@@ -113,16 +115,41 @@ def test_unknown_config_key_is_named(tmp_path, toy_run, capsys):
     assert "no_such_flag" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["llama3.1-8b-full", "qwen3-8b-full", "qwen3-4b-lora", "toy"])
+@pytest.mark.parametrize(
+    "name", ["llama3.1-8b-full", "qwen3-8b-full", "llama3.1-8b-kilt-full", "qwen3-4b-lora", "toy"]
+)
 def test_shipped_configs_parse(name):
-    data, sft, model = load_recipe().parse_args(["--config", str(REPO / f"configs/sft/{name}.yaml")])
-    if name != "toy":  # the paper's settings: effective batch 256 on 8 GPUs, 1 epoch, 100 warmup
-        assert sft.per_device_train_batch_size * sft.gradient_accumulation_steps * 8 == 256
+    from corag.config import load_yaml
+
+    path = REPO / f"configs/sft/{name}.yaml"
+    data, sft, model = load_recipe().parse_args(["--config", str(path)])
+    if name != "toy":  # the paper's settings: 1 epoch, 100 warmup steps, max length 3072 + template
         assert (sft.num_train_epochs, sft.warmup_steps, sft.max_length) == (1, 100, 3200)
-        assert yaml.safe_load((REPO / f"configs/sft/{name}.yaml").read_text())["bf16"] is True
+        assert load_yaml(path)["bf16"] is True
         assert sft.bf16 == is_torch_bf16_gpu_available()  # fp32 where the device lacks bf16
         assert sft.activation_checkpointing and data.ratio == 0.2
+    if name.endswith("8b-full"):  # multi-hop QA: batch 256, lr 5e-6; examples laid end to end, no padding
+        assert sft.per_device_train_batch_size * sft.gradient_accumulation_steps * 8 == 256
+        assert sft.learning_rate == 5e-6 and sft.padding_free and not sft.packing
+        assert sft.ddp_timeout >= 3 * 3600 and data.dataset and data.chains is None
+    if name == "llama3.1-8b-kilt-full":  # KILT: batch 1024, lr 1e-5
+        assert sft.per_device_train_batch_size * sft.gradient_accumulation_steps * 8 == 1024
+        assert sft.learning_rate == 1e-5 and sft.padding_free and data.dataset.endswith("kilt")
+    if "8b" in name and not torch.cuda.is_available():
+        assert load_yaml(path)["attn_implementation"] == "flash_attention_2"
+        assert model.attn_implementation == "sdpa"  # the CPU fallback
     assert model.use_peft == name.endswith("lora")
+
+
+@pytest.mark.parametrize("name", ["llama3.1-8b", "qwen3-8b", "llama3.1-8b-kilt"])
+def test_shipped_examples_configs_parse(name):
+    from corag import examples
+    from corag.config import parse_config
+
+    config = parse_config(examples.ExamplesConfig, ["--config", str(REPO / f"configs/examples/{name}.yaml")])
+    assert config.ratio == 0.2 and config.tokenizer.split("/")[1].lower().startswith(name.split("-")[0][:5])
+    sft = load_recipe().parse_args(["--config", str(REPO / f"configs/sft/{name}-full.yaml")])[0]
+    assert sft.dataset == config.output  # each SFT config trains on what its examples config builds
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU does")
@@ -145,8 +172,17 @@ def test_bad_chain_record_stops_the_recipe(tmp_path, toy_run):
     from corag.errors import InputError
 
     with pytest.raises(InputError, match=rf"line 2, id '{record['query_id']}', field 'subanswers'"):
-        recipe.build_examples(data, None, toy_run["model_name_or_path"], tmp_path / "examples.jsonl")
-    assert not (tmp_path / "examples.jsonl").exists()
+        recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run"))
+    assert not (tmp_path / "run-examples").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_dataset_that_was_not_built_is_named(tmp_path, toy_run):
+    recipe = load_recipe()
+    from corag.errors import InputError
+
+    data = recipe.DataArguments(dataset=str(tmp_path / "nothing"))
+    with pytest.raises(InputError, match=r"nothing, field 'dataset': is not an examples dataset"):
+        recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run"))
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -176,8 +212,6 @@ def test_lora_run_learns_resumes_and_merges(toy_run, tmp_path):
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copytree(out / "checkpoint-4", resumed / "checkpoint-4")
-    for name in ("sft_examples.jsonl", "sft_examples.args.json"):
-        shutil.copy(out / name, resumed / name)
     result = launch(toy_run, resumed, *lora, *steps)
     assert "resuming from" in result.stderr
     state = json.loads((resumed / "trainer_state.json").read_text())
@@ -204,32 +238,62 @@ def test_lora_run_learns_resumes_and_merges(toy_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_full_fine_tuning(toy_run, tmp_path):
-    """Two gloo processes on CPU through accelerate (DDP config), full fine-tuning with learned-stop examples
-    (prefix scores from the model itself); the checkpoint reloads and decodes."""
-    out = tmp_path / "ddp"
+def test_two_processes_reach_the_loss_of_one_with_the_doubled_batch(toy_run, tmp_path):
+    """Full fine-tuning on a dataset built beforehand, padding-free as the 8B configs: two gloo processes on
+    CPU (DDP config) with 2 examples each take the same steps as one process with 4 (same examples per step,
+    tokens averaged across processes): equal losses within 1e-4 (relative) at each of 3 steps and equal
+    weights within 1e-4 (float sums in another order). Nothing is built in the distributed run, and the
+    tokens are computed once; the checkpoint reloads and decodes."""
+    from corag import examples
+
+    dataset = tmp_path / "examples"
+    built = subprocess.run(
+        [str(ACCELERATE.parent / "corag"), "build-examples", "--chains", toy_run["chains"]]
+        + [
+            "--corpus",
+            toy_run["corpus"],
+            "--tokenizer",
+            toy_run["model_name_or_path"],
+            "--output",
+            str(dataset),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    manifest = (dataset / examples.MANIFEST).stat().st_mtime_ns
+    common = ["--dataset", str(dataset), "--max_steps", "3", "--save_steps", "100", "--packing", "false"]
+    common += ["--padding_free", "true"]  # as the 8B configs (sdpa reads the boundaries on CPU)
+    common += ["--gradient_accumulation_steps", "1", "--learning_rate", "1e-3", "--warmup_steps", "0"]
+    settings = yaml.safe_load((REPO / "configs/sft/toy.yaml").read_text())
+    config = tmp_path / "toy-dataset.yaml"  # the toy config training on the dataset, without chains
+    config.write_text(yaml.safe_dump({k: v for k, v in settings.items() if k not in ("chains", "corpus")}))
+    one, two = tmp_path / "one", tmp_path / "two"
+    launch(toy_run, one, *common, "--per_device_train_batch_size", "4", config=config)
     ddp = ["--config_file", str(REPO / "configs/accelerate/ddp.yaml"), "--num_processes", "2"]
     result = launch(
-        toy_run, out, "--max_steps", "3", "--save_steps", "100", "--stop_examples", "true", accelerate=ddp
+        toy_run, two, *common, "--per_device_train_batch_size", "2", accelerate=ddp, config=config
     )
-    state = json.loads((out / "trainer_state.json").read_text())
-    assert state["global_step"] == 3
-    assert "processes: 2" in result.stderr
-    chains = [json.loads(line) for line in Path(toy_run["chains"]).read_text().splitlines()]
-    built = [json.loads(line) for line in (out / "sft_examples.jsonl").read_text().splitlines()]
-    stops = [e["completion"][0]["content"] for e in built if e["task"] == "stop"]
-    assert len(stops) == sum(len(c["subqueries"]) for c in chains) and set(stops) <= {"Yes", "No"}
-    assert (out / "model.safetensors").exists() and not (out / "adapter_config.json").exists()
-    decode(out)
+    assert "processes: 2" in result.stderr and not re.search(
+        r"shard \d+: \d+ chains|tokenize: ", result.stderr
+    )
+    assert (dataset / examples.MANIFEST).stat().st_mtime_ns == manifest
+    assert (
+        not (tmp_path / "two-examples").exists()
+        and len([p for p in (dataset / "tokenized").iterdir() if p.is_dir()]) == 1
+    )
+    assert len(losses(two)) == 3 and losses(two) == pytest.approx(losses(one), rel=1e-4)
+    weights_one, weights_two = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
+    for name, weight in weights_one.items():
+        torch.testing.assert_close(weights_two[name], weight, rtol=1e-4, atol=1e-4)
+    decode(two)
 
 
 def test_min_score_trains_only_on_chains_that_reach_it(tmp_path, toy_run):
-    from transformers import AutoTokenizer
-
     from corag.errors import InputError
 
     recipe = load_recipe()
-    tokenizer = AutoTokenizer.from_pretrained(toy_run["model_name_or_path"])
     lines = Path(toy_run["chains"]).read_text().splitlines()[:4]
     records = [
         {**json.loads(line), "score": s} for line, s in zip(lines, (-0.1, -3.0, -0.5, -8.0), strict=True)
@@ -237,34 +301,58 @@ def test_min_score_trains_only_on_chains_that_reach_it(tmp_path, toy_run):
     chains = tmp_path / "scored.jsonl"
     chains.write_text("".join(json.dumps(r) + "\n" for r in records))
     data = recipe.DataArguments(chains=str(chains), corpus=toy_run["corpus"], min_score=-0.69)
-    built = recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], tmp_path / "a.jsonl")
-    finals = [e["id"].split("/")[0] for e in built if e["task"] == "final"]
+    model = toy_run["model_name_or_path"]
+    built = load_from_disk(str(recipe.prepare_examples(data, model, str(tmp_path / "a")))).to_list()
+    finals = [e["chain_id"] for e in built if e["task"] == "final"]
     assert finals == [records[0]["query_id"], records[2]["query_id"]]
-    assert {e["id"].split("/")[0] for e in built} == set(finals)
+    assert {e["chain_id"] for e in built} == set(finals)
     data.min_score = 0.5
     with pytest.raises(InputError, match=r"scored\.jsonl, field 'min_score'"):
-        recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], tmp_path / "b.jsonl")
-    assert not (tmp_path / "b.jsonl").exists()
+        recipe.prepare_examples(data, model, str(tmp_path / "b"))
+    assert not (tmp_path / "b-examples").exists()
     chains.write_text("")
     data.min_score = None
     with pytest.raises(InputError, match=r"scored\.jsonl: holds no chain"):
-        recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], tmp_path / "c.jsonl")
+        recipe.prepare_examples(data, model, str(tmp_path / "c"))
+
+
+def test_prebuilt_example_files_become_a_dataset_once(tmp_path, toy_run):
+    from corag import training
+
+    recipe = load_recipe()
+    records = [
+        {
+            "prompt": [{"role": "user", "content": f"question {i}"}],
+            "completion": [{"role": "assistant", "content": f"answer {i}"}],
+            "task": "final",
+            "id": f"w{i}",
+        }
+        for i in range(3)
+    ]
+    jsonl = tmp_path / "warm.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = recipe.DataArguments(examples=str(jsonl))
+    out = recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run"))
+    assert load_from_disk(str(out)).to_list() == records
+    assert recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run")) == out
+    jsonl.write_text(json.dumps({**records[0], "task": "essay"}) + "\n")
+    with pytest.raises(training.InputError, match=r"warm\.jsonl, line 1, id 'w0', field 'task'"):
+        recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "other"))
 
 
 def test_examples_are_reused_only_with_the_same_data_settings(tmp_path, toy_run):
-    from transformers import AutoTokenizer
-
     from corag.errors import InputError
 
     recipe = load_recipe()
-    tokenizer = AutoTokenizer.from_pretrained(toy_run["model_name_or_path"])
     data = recipe.DataArguments(chains=toy_run["chains"], corpus=toy_run["corpus"])
-    out = tmp_path / "sft_examples.jsonl"
-    built = recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], out)
-    assert recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], out) == built
+    model, run = toy_run["model_name_or_path"], str(tmp_path / "run")
+    built = recipe.prepare_examples(data, model, run)
+    assert built == tmp_path / "run-examples"
+    assert recipe.prepare_examples(recipe.DataArguments(dataset=str(built)), model, run) == built
+    assert recipe.prepare_examples(data, model, run) == built
     data.ratio = 0.5
-    with pytest.raises(InputError, match="other data settings"):
-        recipe.build_examples(data, tokenizer, toy_run["model_name_or_path"], out)
+    with pytest.raises(InputError, match=r"other settings \(ratio\)"):
+        recipe.prepare_examples(data, model, run)
 
 
 def test_scoring_only_labelled_positions_keeps_loss_and_gradients(tiny_model_dir, monkeypatch):
@@ -273,6 +361,16 @@ def test_scoring_only_labelled_positions_keeps_loss_and_gradients(tiny_model_dir
     from trl.trainer.utils import add_fused_lm_head
 
     monkeypatch.setattr(trl_utils, "_use_triton", trl_utils._use_triton)  # restored after the test
+    real = trl_utils._ChunkedLogProbFunction
+    scored: list[int] = []
+
+    class Counting:  # the rows that reach the LM head, per call
+        @staticmethod
+        def apply(hidden, *args):
+            scored.append(hidden.shape[0])
+            return real.apply(hidden, *args)
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", Counting)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     add_fused_lm_head(model)
     ids = torch.randint(5, 200, (2, 40))
@@ -290,5 +388,19 @@ def test_scoring_only_labelled_positions_keeps_loss_and_gradients(tiny_model_dir
     load_recipe().score_only_labelled_positions()
     assert trl_utils._use_triton(torch.device("cpu"))
     loss, grad = loss_and_grad()
+    assert scored == [2 * 39, 5 + 2]  # every shifted position, then only the labelled ones
     assert loss == pytest.approx(full_loss, rel=1e-6)
     assert torch.allclose(grad, full_grad, atol=1e-6)
+
+
+def test_scoring_only_labelled_positions_fails_loudly_when_trl_changes(monkeypatch):
+    import trl.trainer.utils as trl_utils
+
+    recipe = load_recipe()
+    monkeypatch.setattr(trl_utils, "add_fused_lm_head", lambda model: None)  # a head that no longer asks
+    with pytest.raises(RuntimeError, match=r"trl .* no longer switches its fused LM head"):
+        recipe.score_only_labelled_positions()
+    monkeypatch.undo()
+    monkeypatch.delattr(trl_utils, "_use_triton")
+    with pytest.raises(RuntimeError, match="update score_only_labelled_positions"):
+        recipe.score_only_labelled_positions()

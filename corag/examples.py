@@ -1,0 +1,447 @@
+"""`corag build-examples`: chains become a three-task prompt/completion dataset on disk, once.
+
+    corag build-examples --config configs/examples/llama3.1-8b.yaml [--key value ...]
+
+The chains file (as `corag sample` writes it) is streamed in shards of `shard_chains` chains. Each shard's
+examples (sub-query, sub-answer, final answer, and learned-stop on request; see corag/training.py) are
+saved as a small Arrow dataset the moment they are built, so a killed build resumes at the first missing
+shard and memory stays bounded by one shard whatever the file's size. Documents come from each step's
+`steps[].doc_ids` and the record's `context_doc_ids`; only where they are missing is a retriever loaded
+(`index` folder or `retriever_url`). The finished dataset (`datasets.save_to_disk`) appears at `output`
+in one rename, with `examples.json` beside its data (settings and counts per task); a rerun with the same
+settings leaves it as it is, and two processes building the same output take turns (a lock file).
+
+Columns: prompt and completion (chat messages), task, id, and the provenance chain_id and step. Plain
+`trl sft` reads it as `datasets: [{path: arrow, data_files: OUTPUT/data-*.arrow}]`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import itertools
+import json
+import logging
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corag import training
+from corag.config import parse_config
+from corag.data.jsonl import atomic_folder, atomic_write
+from corag.errors import InputError
+
+logger = logging.getLogger("corag.examples")
+
+MANIFEST = "examples.json"
+# Settings that do not change the examples (so a resumed or repeated build may differ in them).
+NOT_CONTENT = ("output", "num_proc", "index", "retriever_url", "scorer_model")
+
+
+@dataclass
+class ExamplesConfig:
+    """What `corag build-examples` reads and how it turns chains into examples."""
+
+    chains: str = field(metadata={"help": "chain records JSONL (`corag sample` output)"})
+    corpus: str = field(metadata={"help": "corpus (.jsonl/.parquet/dataset folder or `corag corpus` store)"})
+    output: str = field(metadata={"help": "dataset folder to write (datasets.save_to_disk)"})
+    tokenizer: str | None = field(
+        default=None,
+        metadata={
+            "help": "model folder or name whose tokenizer cuts documents as at inference (default: none)"
+        },
+    )
+    index: str | None = field(
+        default=None,
+        metadata={"help": "index folder to re-retrieve steps without doc ids (loaded only then)"},
+    )
+    retriever_url: str | None = field(
+        default=None, metadata={"help": "`corag serve-retriever` address, instead of `index`"}
+    )
+    min_score: float | None = field(
+        default=None, metadata={"help": "drop chains scored below this; default: keep every chain"}
+    )
+    ratio: float = field(
+        default=training.DEFAULT_RATIO, metadata={"help": "keep rate of sub-query/sub-answer examples"}
+    )
+    example_seed: int = field(default=0, metadata={"help": "seed of the ratio draws (one draw per example)"})
+    stop_examples: bool = field(default=False, metadata={"help": "add learned-stop (Yes/No) examples"})
+    scorer_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "model that scores chain prefixes for stop examples when records lack prefix_scores"
+        },
+    )
+    chat_template_kwargs: dict[str, Any] | str | None = field(
+        default=None, metadata={"help": "the scorer's chat template variables, JSON (as at sampling)"}
+    )
+    shard_chains: int = field(default=2000, metadata={"help": "chains per shard (the unit of resume)"})
+    num_proc: int = field(
+        default=1,
+        metadata={
+            "help": "processes building shards (each loads the tokenizer, and any retriever or scorer it "
+            "needs: prefer retriever_url then)"
+        },
+    )
+
+
+def features() -> Any:
+    """The dataset's columns and types."""
+    from datasets import Features, List, Value
+
+    message = {"role": Value("string"), "content": Value("string")}
+    return Features(
+        {
+            "prompt": List(message),
+            "completion": List(message),
+            "task": Value("string"),
+            "id": Value("string"),
+            "chain_id": Value("string"),
+            "step": Value("int32"),
+        }
+    )
+
+
+def settings(config: ExamplesConfig) -> dict[str, Any]:
+    """What decides the examples: the content settings and the chains file's size and modification time."""
+    chains = Path(config.chains)
+    if not chains.is_file():
+        raise InputError("no such file", file=config.chains, field="chains")
+    stat = chains.stat()
+    values = {k: v for k, v in asdict(config).items() if k not in NOT_CONTENT}
+    values["chains"] = str(chains.resolve())
+    values["chains_stamp"] = [stat.st_size, stat.st_mtime_ns]
+    return values
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `PATH.lock`: one process builds while the others wait (no collective, no timeout)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning("waiting for another process building %s", path)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any] | None:
+    """The manifest of a finished dataset folder, or None when there is none."""
+    path = Path(folder) / MANIFEST
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _check_same(found: Mapping[str, Any], wanted: Mapping[str, Any], where: Path) -> None:
+    if dict(found) != dict(wanted):
+        keys = sorted(k for k in set(found) | set(wanted) if found.get(k) != wanted.get(k))
+        raise InputError(
+            f"was built with other settings ({', '.join(keys)}); choose another output or delete it",
+            file=str(where),
+        )
+
+
+class _LazyRetriever:
+    """The configured retriever, loaded at its first search (most chains never need one)."""
+
+    def __init__(self, config: ExamplesConfig) -> None:
+        self.source = config.index or config.retriever_url
+        self._retriever: Any = None
+
+    def search(self, queries: Any, k: int) -> Any:
+        if self._retriever is None:
+            from corag.retrieval import load_retriever
+
+            logger.info("loading the retriever %s to re-retrieve steps without doc ids", self.source)
+            self._retriever = load_retriever(self.source)
+        return self._retriever.search(queries, k)
+
+
+def _prefix_scorer(config: ExamplesConfig) -> Any:
+    """Stop examples of records without prefix scores are scored by `scorer_model` (loaded when needed)."""
+    scorer: list[Any] = []
+
+    def score(chains: Any) -> list[list[float]]:
+        if config.scorer_model is None:
+            raise InputError(
+                f"{len(chains)} chains have no prefix_scores for stop examples: set `scorer_model`",
+                record=chains[0].id,
+                field="scorer_model",
+            )
+        if not scorer:
+            from corag.settings import EngineSettings
+
+            engine = EngineSettings(chat_template_kwargs=config.chat_template_kwargs)
+            scorer.append(training.lm_prefix_scorer(engine.load(config.scorer_model)))
+        return scorer[0](chains)
+
+    return score
+
+
+def _truncator(config: ExamplesConfig) -> training.TokenizerTruncator | None:
+    if config.tokenizer is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return training.TokenizerTruncator(AutoTokenizer.from_pretrained(config.tokenizer))
+
+
+class _ShardBuilder:
+    """Builds and saves one shard at a time; each worker process holds one (corpus, tokenizer, retriever)."""
+
+    def __init__(self, config: ExamplesConfig) -> None:
+        from corag.data.corpus import Corpus
+
+        self.config, self.corpus, self.truncator = config, Corpus.load(config.corpus), _truncator(config)
+        self.retriever = _LazyRetriever(config) if (config.index or config.retriever_url) else None
+        self.scorer = _prefix_scorer(config)
+
+    def __call__(self, folder: Path, batch: list[training.ChainRecord]) -> tuple[int, int]:
+        from datasets import Dataset
+
+        config = self.config
+        examples = training.build_examples(
+            batch,
+            self.corpus,
+            retriever=self.retriever,
+            truncator=self.truncator,
+            ratio=config.ratio,
+            seed=config.example_seed,
+            stop=config.stop_examples,
+            prefix_scores=self.scorer,
+        )
+        with atomic_folder(folder) as tmp:
+            Dataset.from_list(examples, features=features()).save_to_disk(str(tmp))
+        return len(batch), len(examples)
+
+
+_WORKER: list[_ShardBuilder] = []
+
+
+def _init_worker(config: ExamplesConfig) -> None:
+    _WORKER.append(_ShardBuilder(config))
+
+
+def _in_worker(folder: Path, batch: list[training.ChainRecord]) -> tuple[int, int]:
+    return _WORKER[0](folder, batch)
+
+
+def _write_shards(config: ExamplesConfig, work: Path) -> int:
+    """Build every missing shard of `work` (in `num_proc` processes, at most two shards each in flight,
+    so memory stays bounded); the number of shards."""
+    chains = training.iter_chains(config.chains, config.min_score)
+    batches = enumerate(iter(lambda: list(itertools.islice(chains, config.shard_chains)), []))
+    shards = 0
+    if config.num_proc == 1:
+        build = _ShardBuilder(config)
+        for shard, batch in batches:
+            shards = shard + 1
+            folder = work / f"shard-{shard:05d}"
+            if not folder.is_dir():  # else built before an interruption
+                _log_shard(shard, *build(folder, batch))
+        return shards
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    context = multiprocessing.get_context("spawn")  # no fork of a process holding threads or a GPU
+    with ProcessPoolExecutor(config.num_proc, context, initializer=_init_worker, initargs=(config,)) as pool:
+        pending: dict[Any, int] = {}
+        for shard, batch in batches:
+            shards = shard + 1
+            folder = work / f"shard-{shard:05d}"
+            if folder.is_dir():
+                continue
+            pending[pool.submit(_in_worker, folder, batch)] = shard
+            while len(pending) >= 2 * config.num_proc:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    _log_shard(pending.pop(future), *future.result())
+        for future in list(pending):
+            _log_shard(pending.pop(future), *future.result())
+    return shards
+
+
+def _log_shard(shard: int, chains: int, examples: int) -> None:
+    logger.info("shard %d: %d chains, %d examples", shard, chains, examples)
+
+
+def _finish(work: Path, out: Path, shards: int, wanted: dict[str, Any]) -> dict[str, Any]:
+    """Join the shards into one dataset at `out`, in one rename."""
+    from datasets import concatenate_datasets, load_from_disk
+
+    parts = [load_from_disk(str(work / f"shard-{i:05d}")) for i in range(shards)]
+    dataset = concatenate_datasets(parts)
+    counts = Counter(dataset.data.column("task").to_pylist())
+    manifest = {
+        "settings": wanted,
+        "examples": len(dataset),
+        "chains": len(set(dataset.data.column("chain_id").unique().to_pylist())),
+        "tasks": {task: counts.get(task, 0) for task in training.TASKS},
+    }
+    with atomic_folder(out) as tmp:
+        dataset.save_to_disk(str(tmp), max_shard_size="500MB")
+        with atomic_write(tmp / MANIFEST) as f:
+            json.dump(manifest, f, indent=1)
+    shutil.rmtree(work)
+    return manifest
+
+
+def build(config: ExamplesConfig) -> Path:
+    """Build (or resume, or find already built) the examples dataset at `config.output`."""
+    for name in ("shard_chains", "num_proc"):
+        if getattr(config, name) < 1:
+            raise InputError("must be at least 1", field=name)
+    out, wanted = Path(config.output), settings(config)
+    with locked(out):
+        found = read_manifest(out)
+        if found is not None:
+            _check_same(found["settings"], wanted, out / MANIFEST)
+            logger.info("examples already built at %s", out)
+            return out
+        if out.exists():
+            raise InputError("exists and is not a finished examples dataset; delete it", file=str(out))
+        work = out.with_name(out.name + ".partial")
+        work.mkdir(parents=True, exist_ok=True)
+        recorded = work / "settings.json"
+        if recorded.is_file():
+            _check_same(json.loads(recorded.read_text()), wanted, recorded)
+        else:
+            with atomic_write(recorded) as f:
+                json.dump(wanted, f, indent=1)
+        shards = _write_shards(config, work)
+        if shards == 0:
+            where = {"file": config.chains}
+            if config.min_score is None:
+                raise InputError("holds no chain", **where)
+            raise InputError(f"no chain scores {config.min_score} or more", field="min_score", **where)
+        manifest = _finish(work, out, shards, wanted)
+    logger.info(
+        "%d examples of %d chains at %s: %s", manifest["examples"], manifest["chains"], out, manifest["tasks"]
+    )
+    return out
+
+
+def from_jsonl(path: str | Path, output: str | Path) -> Path:
+    """Prebuilt prompt/completion examples (JSONL: warm start, baselines) as a dataset folder, once."""
+    from datasets import Dataset
+
+    source, out = Path(path), Path(output)
+    if not source.is_file():
+        raise InputError("no such file", file=str(source), field="examples")
+    stat = source.stat()
+    wanted = {"examples": str(source.resolve()), "examples_stamp": [stat.st_size, stat.st_mtime_ns]}
+    with locked(out):
+        found = read_manifest(out)
+        if found is not None:
+            _check_same(found["settings"], wanted, out / MANIFEST)
+            return out
+        records = training.load_example_file(source)
+        columns = ("prompt", "completion", "task", "id")
+        dataset = Dataset.from_list([{k: r.get(k) for k in columns} for r in records])
+        counts = Counter(r["task"] for r in records)
+        manifest = {
+            "settings": wanted,
+            "examples": len(records),
+            "tasks": {task: counts.get(task, 0) for task in training.TASKS},
+        }
+        with atomic_folder(out) as tmp:
+            dataset.save_to_disk(str(tmp))
+            with atomic_write(tmp / MANIFEST) as f:
+                json.dump(manifest, f, indent=1)
+    return out
+
+
+def fingerprint(
+    tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None, max_length: int | None
+) -> str:
+    """A short hash of what decides the tokens: the tokenizer, its chat template, the template kwargs, the cap."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = json.dumps(
+        [
+            backend.to_str() if backend is not None else repr(tokenizer.get_vocab()),
+            tokenizer.chat_template,
+            dict(chat_template_kwargs or {}),
+            max_length,
+        ],
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def tokenized(
+    dataset_dir: str | Path,
+    tokenizer: Any,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    max_length: int | None = None,
+    num_proc: int | None = None,
+) -> Any:
+    """The dataset with input_ids, labels and length, tokenized once and cached beside the examples.
+
+    The first process tokenizes (in `num_proc` processes) into `DATASET/tokenized/<fingerprint>` and the
+    others wait on the lock, then every process memory-maps the same files. Examples longer than
+    `max_length` are dropped (trl would cut them through their target), with a warning.
+    """
+    from datasets import load_from_disk
+
+    cache = Path(dataset_dir) / "tokenized" / fingerprint(tokenizer, chat_template_kwargs, max_length)
+    if (cache / "dataset_info.json").is_file():  # finished folders appear in one rename
+        return load_from_disk(str(cache))
+    with locked(cache):
+        if not (cache / "dataset_info.json").is_file():
+            with atomic_folder(cache) as tmp, tempfile.TemporaryDirectory(dir=cache.parent) as work:
+                _tokenize_into(
+                    tmp, Path(work), dataset_dir, tokenizer, chat_template_kwargs, max_length, num_proc
+                )
+    return load_from_disk(str(cache))
+
+
+def _tokenize_into(
+    out: Path,
+    work: Path,
+    dataset_dir: str | Path,
+    tokenizer: Any,
+    chat_template_kwargs: Mapping[str, Any] | None,
+    max_length: int | None,
+    num_proc: int | None,
+) -> None:
+    from datasets import load_from_disk
+
+    dataset = training.tokenize_dataset(
+        load_from_disk(str(dataset_dir)),
+        tokenizer,
+        chat_template_kwargs,
+        num_proc,
+        cache_file_name=str(work / "tokens.arrow"),
+    )
+    if max_length is not None:
+        too_long = sum(n > max_length for n in dataset.data.column("length").to_pylist())
+        if too_long == len(dataset):
+            raise InputError(
+                f"no example fits max_length {max_length} (all {too_long} are longer)", field="max_length"
+            )
+        if too_long:
+            logger.warning("dropping %d examples longer than max_length %d", too_long, max_length)
+            dataset = dataset.filter(
+                lambda n: n <= max_length,
+                input_columns="length",
+                num_proc=num_proc,
+                cache_file_name=str(work / "kept.arrow"),
+            )
+    dataset.save_to_disk(str(out), max_shard_size="500MB")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    config = parse_config(ExamplesConfig, argv, __doc__.splitlines()[0])
+    print(build(config))
+    return 0

@@ -1,0 +1,163 @@
+"""`corag build-examples` (corag/examples.py): sampled chains become an Arrow dataset once, resumably."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from datasets import load_from_disk
+from transformers import AutoTokenizer
+
+from corag import examples, training
+from corag.cli import main as cli
+from corag.errors import InputError
+from corag.sampling import SampledChain, SamplingConfig, chain_record
+
+
+@pytest.fixture(scope="module")
+def sampled(toy_world, tmp_path_factory) -> Path:
+    """Chains as `corag sample` writes them (its own record writer): documents per step in steps[].doc_ids."""
+    path = tmp_path_factory.mktemp("chains") / "chains.jsonl"
+    with open(path, "w") as f:
+        for i, ex in enumerate(toy_world.train):
+            chain = SampledChain(tuple(ex.decomposition), -0.1 * i, len(ex.decomposition), None)
+            record = chain_record(ex, chain, list(ex.supporting_ids), SamplingConfig(), "hash")
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def config(sampled: Path, toy_dir: Path, tiny_model_dir: Path, out: Path, **kw) -> examples.ExamplesConfig:
+    return examples.ExamplesConfig(
+        chains=str(sampled),
+        corpus=str(toy_dir / "corpus.jsonl"),
+        output=str(out),
+        tokenizer=str(tiny_model_dir),
+        shard_chains=kw.pop("shard_chains", 25),
+        **kw,
+    )
+
+
+def rows(folder: Path) -> list[dict]:
+    return load_from_disk(str(folder)).to_list()
+
+
+def test_sampled_chains_become_examples_without_any_retriever(sampled, toy_dir, tiny_model_dir, tmp_path):
+    out = tmp_path / "examples"
+    assert cli(["build-examples", *_flags(config(sampled, toy_dir, tiny_model_dir, out))]) == 0
+    built = rows(out)
+    # The same examples as building all chains in memory (the step the recipe used to run), shard by shard.
+    from corag.data.corpus import Corpus
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert "doc_ids" not in json.loads(sampled.read_text().splitlines()[0])  # only steps[].doc_ids
+    expected = training.build_examples(
+        training.load_chains(sampled),
+        Corpus.load(toy_dir / "corpus.jsonl"),
+        truncator=training.TokenizerTruncator(tokenizer),
+    )
+    assert built == expected
+    # Sub-answer prompts read the documents of the step (steps[].doc_ids), in order.
+    corpus = Corpus.load(toy_dir / "corpus.jsonl")
+    records = {r["query_id"]: r for r in map(json.loads, sampled.read_text().splitlines())}
+    subanswers = [e for e in built if e["task"] == "subanswer"]
+    assert subanswers
+    for e in subanswers:
+        (doc_id, *_) = records[e["chain_id"]]["steps"][e["step"]]["doc_ids"]
+        assert corpus.get_many([doc_id])[0].contents in e["prompt"][0]["content"]
+    manifest = examples.read_manifest(out)
+    assert manifest["chains"] == len(records) == sum(e["task"] == "final" for e in built)
+    assert manifest["tasks"] == {t: sum(e["task"] == t for e in built) for t in training.TASKS}
+    assert not (tmp_path / "examples.partial").exists()
+
+
+def test_a_step_without_doc_ids_and_no_retriever_names_the_setting(
+    sampled, toy_dir, tiny_model_dir, tmp_path, capsys
+):
+    lines = sampled.read_text().splitlines()
+    record = json.loads(lines[3])
+    for step in record["steps"]:
+        step["doc_ids"] = []
+    chains = tmp_path / "chains.jsonl"
+    chains.write_text("\n".join([*lines[:3], json.dumps(record)]) + "\n")
+    cfg = config(chains, toy_dir, tiny_model_dir, tmp_path / "out", ratio=1.0)
+    assert cli(["build-examples", *_flags(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "set `index`" in err and "retriever_url" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_building_twice_or_after_an_interruption_gives_the_same_dataset(
+    sampled, toy_dir, tiny_model_dir, tmp_path, monkeypatch
+):
+    whole = examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "a"))
+    first = rows(whole)
+    stamp = (whole / examples.MANIFEST).stat().st_mtime_ns
+    assert examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "a")) == whole
+    assert (whole / examples.MANIFEST).stat().st_mtime_ns == stamp and rows(whole) == first
+
+    # Killed while building the third shard: two shards are kept, no dataset appears.
+    real, calls = training.build_examples, []
+
+    def dies_on_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "build_examples", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b"))
+    partial = tmp_path / "b.partial"
+    assert not (tmp_path / "b").exists()
+    assert sorted(p.name for p in partial.iterdir() if p.is_dir()) == ["shard-00000", "shard-00001"]
+
+    # Resumed (in two processes): only the missing shards are built, and the dataset is the uninterrupted one.
+    monkeypatch.setattr(training, "build_examples", real)
+    resumed = examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b", num_proc=2))
+    assert rows(resumed) == first and len({e["id"] for e in first}) == len(first)
+    assert examples.read_manifest(resumed) == examples.read_manifest(whole)
+    assert not partial.exists()
+    with pytest.raises(InputError, match=r"b[/\\]examples\.json: was built with other settings \(ratio\)"):
+        examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b", ratio=0.5))
+
+
+def test_tokenized_once_and_cut_to_max_length(sampled, toy_dir, tiny_model_dir, tmp_path, monkeypatch):
+    out = examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "ex", shard_chains=1000))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    full = examples.tokenized(out, tokenizer)
+    lengths = sorted(full["length"])
+    assert lengths == sorted(len(ids) for ids in full["input_ids"])
+    cap = lengths[len(lengths) // 2]
+    cut = examples.tokenized(out, tokenizer, max_length=cap)
+    assert len(cut) == sum(n <= cap for n in lengths) < len(full)
+    assert max(cut["length"]) <= cap
+    # A second call reads the cache: nothing is tokenized again.
+    monkeypatch.setattr(training, "tokenize_dataset", lambda *a, **k: pytest.fail("tokenized twice"))
+    assert examples.tokenized(out, tokenizer, max_length=cap)["id"] == cut["id"]
+    with pytest.raises(InputError, match="no example fits max_length 3"):
+        monkeypatch.undo()
+        examples.tokenized(out, tokenizer, max_length=3)
+
+
+def _flags(cfg: examples.ExamplesConfig) -> list[str]:
+    from dataclasses import asdict
+
+    return [part for k, v in asdict(cfg).items() if v is not None for part in (f"--{k}", str(v))]
+
+
+def test_stop_examples_scored_by_the_model_when_records_lack_prefix_scores(
+    sampled, toy_dir, tiny_model_dir, tmp_path
+):
+    with pytest.raises(InputError, match="field 'scorer_model'"):
+        examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "none", stop_examples=True))
+    cfg = config(sampled, toy_dir, tiny_model_dir, tmp_path / "stop", stop_examples=True)
+    cfg.scorer_model = str(tiny_model_dir)
+    built = rows(examples.build(cfg))
+    records = [json.loads(line) for line in sampled.read_text().splitlines()]
+    stops = [e for e in built if e["task"] == "stop"]
+    assert len(stops) == sum(len(r["steps"]) for r in records)
+    assert {e["completion"][0]["content"] for e in stops} <= {"Yes", "No"}
+    assert sorted((e["chain_id"], e["step"]) for e in stops) == sorted(
+        (r["query_id"], i) for r in records for i in range(1, len(r["steps"]) + 1)
+    )
