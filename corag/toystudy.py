@@ -107,8 +107,8 @@ class StudyConfig:
     warm_compile: bool = field(
         default=True,
         metadata={
-            "help": "torch.compile the warm start's transformer (needs a C++ compiler): ~14% faster, the "
-            "same updates up to rounding, so not the same warm model bit for bit"
+            "help": "torch.compile the warm start's transformer (needs a C++ compiler): about 14 percent "
+            "faster, the same updates up to rounding, so not the same warm model bit for bit"
         },
     )
     model_hidden_size: int = 128
