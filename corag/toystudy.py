@@ -115,7 +115,7 @@ class StudyConfig:
     model_layers: int = 2
     model_heads: int = 4
     # Four heads of 64 (attention 256 wide in the 128-wide model) both read passages and copy a
-    # name's second word; four heads of 32 read but copy it only in part (README, "The full study").
+    # name's second word; four heads of 32 read but copy it only in part (docs/toy-study.md).
     model_head_dim: int | None = field(
         default=64, metadata={"help": "attention head size (none: model_hidden_size / model_heads)"}
     )
