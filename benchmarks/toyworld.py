@@ -170,7 +170,7 @@ def report(
         "pareto_frontier": frontier,
         "call_accuracy_3hop": calls,
         "best_of_4_judge_3hop": judge,
-        # How far the warm start got (README, "The full study"): teacher-forced, fresh worlds.
+        # How far the warm start got (docs/toy-study.md): teacher-forced, fresh worlds.
         "warm_heldout_accuracy": json.loads((warm / "warm_start.json").read_text())["heldout_accuracy"],
         "seeds": args.seeds,
         "dtype": compute_dtype(base.dtype),

@@ -107,15 +107,15 @@ class StudyConfig:
     warm_compile: bool = field(
         default=True,
         metadata={
-            "help": "torch.compile the warm start's transformer (needs a C++ compiler): ~14% faster, the "
-            "same updates up to rounding, so not the same warm model bit for bit"
+            "help": "torch.compile the warm start's transformer (needs a C++ compiler): about 14 percent "
+            "faster, the same updates up to rounding, so not the same warm model bit for bit"
         },
     )
     model_hidden_size: int = 128
     model_layers: int = 2
     model_heads: int = 4
     # Four heads of 64 (attention 256 wide in the 128-wide model) both read passages and copy a
-    # name's second word; four heads of 32 read but copy it only in part (README, "The full study").
+    # name's second word; four heads of 32 read but copy it only in part (docs/toy-study.md).
     model_head_dim: int | None = field(
         default=64, metadata={"help": "attention head size (none: model_hidden_size / model_heads)"}
     )

@@ -55,18 +55,18 @@ class WarmStartConfig:
     # Passages shown in a world's final examples, drawn per world: none (as when sampling scores a
     # chain) or the question's top 20 (as at evaluation). With one world in four at 20, call C read
     # the chain's answer for 83% of 3-hop questions without passages but 55% with 20; with one in two,
-    # 70% and 57%, and the study's 3-hop EM rose from 16.7 to 19.3 (README, "The full study").
+    # 70% and 57%, and the study's 3-hop EM rose from 16.7 to 19.3 (docs/toy-study.md).
     final_docs: tuple[int, ...] = (0, 20)
     num_entities: int = 300
     num_distractors: int = 60
     hops: tuple[int, ...] = (2, 3, 4)  # hop counts of the questions call A examples come from
     # Hop counts of the chains final examples come from. Without one-hop chains a two-layer model never
     # left the plateau of call C (0% held-out after 3500 mixed steps); with them it reads the last
-    # answer of 2-4 hop chains within a few hundred steps (README, "The full study").
+    # answer of 2-4 hop chains within a few hundred steps (docs/toy-study.md).
     final_hops: tuple[int, ...] = (1, 2, 3, 4)
     # Share of reading examples shown without their fact's passage, target "No relevant information
     # found" (what call B's prompt asks for then), whose probability is best-of-N's penalty. Taught
-    # so, the warm model said it, but its penalty ranked chains backwards (README, "The full study").
+    # so, the warm model said it, but its penalty ranked chains backwards (docs/toy-study.md).
     unanswerable: float = 0.0
 
 
@@ -307,7 +307,7 @@ class WarmTrainConfig:
     reading example.
 
     Reading from one passage is what gets a model trained from scratch over the plateau where it
-    picks a name of the right kind without copying it (see README, "The toy world").
+    picks a name of the right kind without copying it (see docs/toy-study.md).
 
     Pretraining (skipped when `pretrain_steps` is 0) trains on every token of one-passage reading
     and call A examples, prompt included, as a language model is pretrained on text. That is what
@@ -315,7 +315,7 @@ class WarmTrainConfig:
     completion alone as the target, no two-layer schedule here ever learned it, nor with every token
     of call A alone. Pretraining does not teach reading (the answer is one token of hundreds), so
     the curriculum follows, at `tuning_learning_rate`: at the pretraining rate it undoes the copy
-    within a few hundred steps (README, "The full study").
+    within a few hundred steps (docs/toy-study.md).
 
     Then, both at `final_learning_rate`: reading from five passages alone for `passage_steps`, and the
     answer phase for `final_steps`, the final answer call with reading kept in half of its batches
@@ -324,7 +324,7 @@ class WarmTrainConfig:
     without reading the chain; alone, it left it in some runs and not in others. Reading and call C
     both find a name in the context and copy it: after reading alone, the answer phase learns call C
     faster, and with reading kept in it, both leave their plateaus early in the mixed phase, which
-    then brings back call A (README, "The full study").
+    then brings back call A (docs/toy-study.md).
     """
 
     pretrain_steps: int = 3000

