@@ -28,19 +28,22 @@ def parse_config(cls: type[T], argv: list[str] | None, description: str = "") ->
     parser = HfArgumentParser(cls, description=description)
     parser.add_argument("--config", help="YAML file of defaults; flags override it")
     if known.config:
-        values = load_yaml(known.config)
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        for key in values:
-            if key not in names:
-                raise InputError(
-                    f"unknown config key; known keys: {sorted(names)}", file=known.config, field=key
-                )
+        values = known_keys(known.config, {f.name for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
         parser.set_defaults(**values)
         # Fields required on the command line are satisfied by the file.
         for action in parser._actions:
             if action.dest in values:
                 action.required = False
     return parser.parse_args_into_dataclasses(args=rest)[0]
+
+
+def known_keys(path: str, names: set[str]) -> dict[str, Any]:
+    """The YAML mapping of config file `path`; a key outside `names` is an InputError naming it."""
+    values = load_yaml(path)
+    for key in values:
+        if key not in names:
+            raise InputError(f"unknown config key; known keys: {sorted(names)}", file=path, field=key)
+    return values
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -82,13 +85,9 @@ def parse_args_with_config(parser: argparse.ArgumentParser, argv: list[str] | No
     known, _ = pre.parse_known_args(argv)
     parser.add_argument("--config", help="YAML file of defaults (keys: option names with underscores)")
     if known.config:
-        values = load_yaml(known.config)
-        names = {a.dest for a in parser._actions if a.dest not in ("help", "config")}
-        for key in values:
-            if key not in names:
-                raise InputError(
-                    f"unknown config key; known keys: {sorted(names)}", file=known.config, field=key
-                )
+        values = known_keys(
+            known.config, {a.dest for a in parser._actions if a.dest not in ("help", "config")}
+        )
         parser.set_defaults(**values)
         for action in parser._actions:
             if action.dest in values:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from datasets import load_from_disk
 from safetensors.torch import load_file
 
 from corag.data.corpus import Corpus, corpus_from_contexts
@@ -24,7 +25,6 @@ from corag.lm.base import ScoreRequest
 from corag.lm.hf import HFLM
 from corag.retrieval.dense import DenseRetriever, Encoder
 from corag.sampling import SamplingConfig, sample_question
-from corag.training import load_example_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,8 +53,6 @@ def sample_chain(lm: HFLM, example, corpus, retriever) -> dict:
     (record,) = Executor(lm, retriever).run(
         [sample_question(Context(lm, retriever), example, corpus, config)]
     )
-    # the step's documents also where a reader looks for them at the top level
-    record["doc_ids"] = [step["doc_ids"] for step in record["steps"]]
     return record
 
 
@@ -95,13 +93,13 @@ def test_lora_fine_tune_saves_merges_reloads_and_predicts(smollm2_dir, hotpot):
     example, corpus, corpus_path, retriever, out = hotpot
     base = HFLM(smollm2_dir, device="cpu")
     record = sample_chain(base, example, corpus, retriever)
-    assert len(record["subqueries"]) == 1 and len(record["doc_ids"][0]) == 2
+    assert len(record["subqueries"]) == 1 and len(record["steps"][0]["doc_ids"]) == 2
     chains = out / "chains.jsonl"
     chains.write_text(json.dumps(record) + "\n")
 
     run = out / "lora"
     train(smollm2_dir, chains, corpus_path, run)
-    built = load_example_file(run / "sft_examples.jsonl")
+    built = load_from_disk(str(out / "lora-examples")).to_list()  # built from the steps' own doc ids
     assert sorted(e["task"] for e in built) == ["final", "subanswer", "subquery"]
     state = json.loads((run / "trainer_state.json").read_text())
     assert state["global_step"] == 3
