@@ -156,9 +156,11 @@ class NpyRows:
             )
         return out
 
+    _close = os.close  # kept here: at interpreter exit the `os` global may already be gone
+
     def __del__(self) -> None:
         if getattr(self, "_fd", -1) >= 0:
-            os.close(self._fd)
+            self._close(self._fd)
             self._fd = -1
 
 
