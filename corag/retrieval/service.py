@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -33,6 +34,8 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 
 from corag.retrieval.base import Retriever
 from corag.types import Hit
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class SearchRequest(BaseModel):
@@ -138,6 +141,17 @@ def _invalid(e: ValidationError) -> JSONResponse:
     return JSONResponse({"detail": errors}, status_code=422)
 
 
+async def _parse(request: Request, model: type[M], max_body_bytes: int) -> M | JSONResponse:
+    """The request body read (within the limit) and validated as `model`, or the error to answer."""
+    body = await _read_body(request, max_body_bytes)
+    if body is None:
+        return _error(413, f"request body over {max_body_bytes} bytes")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        return _invalid(e)
+
+
 async def _read_body(request: Request, max_body_bytes: int) -> bytes | None:
     """The request body, or None when it is over the limit (declared or streamed)."""
     declared = request.headers.get("content-length")
@@ -189,26 +203,18 @@ def create_app(
     @app.post("/")
     async def official(request: Request) -> JSONResponse:
         with batcher.arriving():
-            body = await _read_body(request, max_body_bytes)
-            if body is None:
-                return _error(413, f"request body over {max_body_bytes} bytes")
-            try:
-                req = OfficialRequest.model_validate_json(body)
-            except ValidationError as e:
-                return _invalid(e)
+            req = await _parse(request, OfficialRequest, max_body_bytes)
+        if isinstance(req, JSONResponse):
+            return req
         (row,) = await batcher.search([req.query], official_k)
         return JSONResponse(_hits_json(row))
 
     @app.post("/search")
     async def search(request: Request) -> JSONResponse:
         with batcher.arriving():
-            body = await _read_body(request, max_body_bytes)
-            if body is None:
-                return _error(413, f"request body over {max_body_bytes} bytes")
-            try:
-                req = SearchRequest.model_validate_json(body)
-            except ValidationError as e:
-                return _invalid(e)
+            req = await _parse(request, SearchRequest, max_body_bytes)
+        if isinstance(req, JSONResponse):
+            return req
         if len(req.queries) > max_queries:
             return _error(413, f"{len(req.queries)} queries in one request; at most {max_queries}")
         if not 1 <= req.k <= max_k:
