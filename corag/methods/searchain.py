@@ -111,9 +111,9 @@ def chain_answer(chain: ParsedChain, text: str) -> tuple[str, str | None]:
     stated = _clean(stated.split("\n")[0]) if stated != text else ""
     if stated:
         return stated, "answer_is"
-    answered = [n.answer for n in chain.nodes if n.answer]
+    answered = [answer for n in chain.nodes if n.answer and (answer := _clean(n.answer))]
     if answered:
-        return _clean(answered[-1]), "last_node"
+        return answered[-1], "last_node"
     sentence = last_sentence(_clean(text))
     return sentence, ("last_sentence" if sentence else None)
 

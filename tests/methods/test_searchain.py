@@ -6,7 +6,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from corag.executor import Context, Executor
@@ -78,6 +78,7 @@ Question: next?
 
 
 @settings(max_examples=200, deadline=None)
+@example(parts=["[Query 1]:", "0", "[Answer 1]:", "[1]"])  # an answer that is only a marker
 @given(
     st.lists(
         st.one_of(
