@@ -7,9 +7,10 @@ examples (sub-query, sub-answer, final answer, and learned-stop on request; see 
 saved as a small Arrow dataset the moment they are built, so a killed build resumes at the first missing
 shard and memory stays bounded by one shard whatever the file's size. Documents come from each step's
 `steps[].doc_ids` and the record's `context_doc_ids`; only where they are missing is a retriever loaded
-(`index` folder or `retriever_url`). The finished dataset (`datasets.save_to_disk`) appears at `output`
-in one rename, with `examples.json` beside its data (settings and counts per task); a rerun with the same
-settings leaves it as it is, and two processes building the same output take turns (a lock file).
+(`index` folder or `retriever_url`). The finished dataset appears at `output` in one rename: the shards'
+Arrow files side by side, as `datasets.save_to_disk` lays out a sharded dataset (linked, not copied), with
+`examples.json` beside them (settings and counts per task); a rerun with the same settings leaves it as it
+is, and two processes building the same output take turns (a lock file).
 
 Columns: prompt and completion (chat messages), task, id, and the provenance chain_id and step. Plain
 `trl sft` reads it as `datasets: [{path: arrow, data_files: OUTPUT/data-*.arrow}]`.
@@ -23,6 +24,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -276,20 +278,42 @@ def _log_shard(shard: int, chains: int, examples: int) -> None:
 
 
 def _finish(work: Path, out: Path, shards: int, wanted: dict[str, Any]) -> dict[str, Any]:
-    """Join the shards into one dataset at `out`, in one rename."""
-    from datasets import concatenate_datasets, load_from_disk
+    """Gather the shards' Arrow files into one dataset folder at `out`, in one rename.
 
-    parts = [load_from_disk(str(work / f"shard-{i:05d}")) for i in range(shards)]
-    dataset = concatenate_datasets(parts)
-    counts = Counter(dataset.data.column("task").to_pylist())
+    The files are hard-linked (copied only across file systems), never read into memory: the dataset is
+    the shards side by side, as `save_to_disk` lays out a sharded dataset. Counts come from memory-mapped
+    columns, one shard at a time."""
+    import pyarrow.compute as pc
+    from datasets import load_from_disk
+
+    counts: Counter[str] = Counter()
+    chains, sources, fingerprints = 0, [], []
+    for i in range(shards):
+        shard = work / f"shard-{i:05d}"
+        table = load_from_disk(str(shard)).data
+        tasks = pc.value_counts(table.column("task")).to_pylist()
+        counts.update({row["values"]: row["counts"] for row in tasks})
+        chains += len(pc.unique(table.column("chain_id")))  # a chain's examples never span two shards
+        state = json.loads((shard / "state.json").read_text())
+        sources += [shard / entry["filename"] for entry in state["_data_files"]]
+        fingerprints.append(state["_fingerprint"])
     manifest = {
         "settings": wanted,
-        "examples": len(dataset),
-        "chains": len(set(dataset.data.column("chain_id").unique().to_pylist())),
+        "examples": sum(counts.values()),
+        "chains": chains,
         "tasks": {task: counts.get(task, 0) for task in training.TASKS},
     }
+    names = [f"data-{k:05d}-of-{len(sources):05d}.arrow" for k in range(len(sources))]
+    state["_data_files"] = [{"filename": name} for name in names]
+    state["_fingerprint"] = hashlib.sha256(" ".join(fingerprints).encode()).hexdigest()[:16]
     with atomic_folder(out) as tmp:
-        dataset.save_to_disk(str(tmp), max_shard_size="500MB")
+        for source, name in zip(sources, names):
+            try:
+                os.link(source, tmp / name)
+            except OSError:
+                shutil.copyfile(source, tmp / name)
+        shutil.copyfile(work / "shard-00000" / "dataset_info.json", tmp / "dataset_info.json")
+        (tmp / "state.json").write_text(json.dumps(state, indent=2))
         with atomic_write(tmp / MANIFEST) as f:
             json.dump(manifest, f, indent=1)
     shutil.rmtree(work)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from datasets import load_from_disk
+from datasets import load_dataset, load_from_disk
 from transformers import AutoTokenizer
 
 from corag import examples, training
@@ -120,6 +120,13 @@ def test_building_twice_or_after_an_interruption_gives_the_same_dataset(
     assert not partial.exists()
     with pytest.raises(InputError, match=r"b[/\\]examples\.json: was built with other settings \(ratio\)"):
         examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b", ratio=0.5))
+
+    # One shard or many: the same rows, also through plain `arrow` data files as `trl sft` reads them.
+    single = examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "c", shard_chains=10_000))
+    assert len(list(whole.glob("data-*.arrow"))) > 1 == len(list(single.glob("data-*.arrow")))
+    assert rows(single) == first
+    plain = load_dataset("arrow", data_files=str(whole / "data-*.arrow"), split="train")
+    assert sorted(plain.to_list(), key=lambda e: e["id"]) == sorted(first, key=lambda e: e["id"])
 
 
 def test_tokenized_once_and_cut_to_max_length(sampled, toy_dir, tiny_model_dir, tmp_path, monkeypatch):
