@@ -104,6 +104,10 @@ class StudyConfig:
             "target 'No relevant information found' (what best-of-N's penalty measures)"
         },
     )
+    warm_only: bool = field(
+        default=False,
+        metadata={"help": "stop after the warm start (with warm_dir: train a warm model to reuse there)"},
+    )
     warm_compile: bool = field(
         default=True,
         metadata={
@@ -245,6 +249,14 @@ def _share(item: str, name: str) -> tuple[str, float]:
     raise InputError(f"expected subanswer|subquery|final=<share>, got {item!r}", field=name)
 
 
+def warm_settings(cfg: StudyConfig) -> dict[str, Any]:
+    """What decides a warm model: the warm start's and the model's settings, and the world it never saw."""
+    settings = {k: v for k, v in asdict(cfg).items() if k.startswith(("warm_", "model_"))}
+    settings.pop("warm_dir")
+    settings.pop("warm_only")
+    return {**settings, "excluded_world_seed": cfg.seed}
+
+
 def warm_start(cfg: StudyConfig, warm: Path) -> None:
     """Train the warm model from scratch on fresh worlds and save it (with its log) to `warm`."""
     from corag.data.toyworld import name_pool, tokenizer_texts
@@ -276,6 +288,7 @@ def warm_start(cfg: StudyConfig, warm: Path) -> None:
         compile=cfg.warm_compile,
     )
     log = train_warm_start(model, tokenizer, schedule, exclude={cfg.seed})
+    log["study_config"] = warm_settings(cfg)
     log["heldout_accuracy"] = heldout_accuracy(model, tokenizer, WarmStartConfig(), cfg.warm_seed)
     print(f"[warm-start] held-out accuracy (teacher-forced): {log['heldout_accuracy']}")
     partial = warm.with_name(warm.name + ".partial")
@@ -308,6 +321,8 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
 
     warm = Path(cfg.warm_dir) if cfg.warm_dir else out / "models" / "warm"
     _stage("warm-start", warm / "config.json", timings, lambda: warm_start(cfg, warm))
+    if cfg.warm_only:
+        return {"config": asdict(cfg), "timings_s": timings}
 
     index = out / "index"
 
@@ -578,5 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(StudyConfig, argv, description=__doc__.splitlines()[0])
     summary = run_study(cfg)
     print(json.dumps(summary["timings_s"]))
-    print(f"study written to {cfg.out_dir} (summary.json, eval/results.md, eval/scaling.png)")
+    if cfg.warm_only:
+        print(f"warm model at {cfg.warm_dir or Path(cfg.out_dir) / 'models' / 'warm'}")
+    else:
+        print(f"study written to {cfg.out_dir} (summary.json, eval/results.md, eval/scaling.png)")
     return 0

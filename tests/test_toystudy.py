@@ -92,6 +92,19 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
     assert again["results"] == results
 
 
+def test_warm_only_trains_a_warm_model_to_reuse_and_records_what_made_it(tmp_path):
+    from corag import toystudy
+
+    warm, out = tmp_path / "warm", tmp_path / "study"
+    args = ["--config", str(quickstart.CONFIG), "--out_dir", str(out), *SMALL]
+    assert toystudy.main([*args, "--seed", "5", "--warm_only", "true", "--warm_dir", str(warm)]) == 0
+    assert (warm / "model.safetensors").is_file() and not (out / "index").exists()  # stopped there
+    made = json.loads((warm / "warm_start.json").read_text())
+    assert made["study_config"]["excluded_world_seed"] == 5
+    assert made["study_config"]["warm_mixed_steps"] == 6 and made["study_config"]["model_head_dim"] == 64
+    assert set(made["heldout_accuracy"]) and all(0.0 <= v <= 1.0 for v in made["heldout_accuracy"].values())
+
+
 def test_a_bad_curriculum_entry_is_one_clear_error(tmp_path):
     from corag.errors import InputError
 
