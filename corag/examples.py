@@ -307,7 +307,7 @@ def _finish(work: Path, out: Path, shards: int, wanted: dict[str, Any]) -> dict[
     state["_data_files"] = [{"filename": name} for name in names]
     state["_fingerprint"] = hashlib.sha256(" ".join(fingerprints).encode()).hexdigest()[:16]
     with atomic_folder(out) as tmp:
-        for source, name in zip(sources, names):
+        for source, name in zip(sources, names, strict=True):
             try:
                 os.link(source, tmp / name)
             except OSError:
