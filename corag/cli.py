@@ -65,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv and argv[0] in {"-h", "--help"} else 2
     target, _ = COMMANDS[argv[0]]
     module, func = target.split(":")
-    return run_command(argv[0], getattr(importlib.import_module(module), func), argv[1:], debug)
+    program, sys.argv[0] = sys.argv[0], f"corag {argv[0]}"  # argparse's usage line names the command
+    try:
+        return run_command(argv[0], getattr(importlib.import_module(module), func), argv[1:], debug)
+    finally:
+        sys.argv[0] = program
 
 
 if __name__ == "__main__":

@@ -393,7 +393,7 @@ def record_answer(record: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Score a KILT submission: `python -m corag.kilt SUBMISSION GOLD [--ks 1,5]`; prints JSON."""
-    parser = argparse.ArgumentParser(prog="corag.kilt", description=main.__doc__)
+    parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("submission", help="submission JSONL")
     parser.add_argument("gold", help="gold KILT JSONL")
     parser.add_argument("--ks", default="1,5", help="comma-separated k for recall@k and precision@k")

@@ -63,6 +63,14 @@ def test_help_lists_every_command(capsys):
     assert main(["no-such-command"]) == 2
 
 
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_help_names_the_command(name, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([name, "--help"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: corag {name} ")
+
+
 # Bad input through the commands: each kind is one line naming the file (line, id) and field -----------
 
 KILT = "kilt/hotpotqa-dev-kilt.sample.jsonl"

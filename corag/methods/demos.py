@@ -252,7 +252,7 @@ def demos_from_examples(
 
 def main(argv: list[str] | None = None) -> int:
     """Write an IRCoT demonstrations file built from MuSiQue or from a toy-world folder."""
-    parser = argparse.ArgumentParser(prog="corag-demos", description=main.__doc__)
+    parser = argparse.ArgumentParser(description=main.__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--musique", type=Path, help="a MuSiQue JSONL file (decompositions and paragraphs)")
     source.add_argument("--toy", type=Path, help="a toy-world folder (train.jsonl and corpus.jsonl)")
