@@ -9,8 +9,9 @@ scorings in one thread, searches in another, so searches overlap generation. Res
 question order; batching, identical-request reuse (`dedup`) and metering are the stepped executor's.
 
 Backends are called as they are (`lm.generate`, `lm.score`, `retriever.search` on lists), so this runs
-on every backend. Submitting each call to vLLM's own asynchronous engine, so that it joins the running
-batch token by token, is the next step; it needs only another `_Queue.call`.
+on every backend. A backend with an asynchronous engine (`agenerate` and `ascore`: `vllm-async`) is
+awaited instead, and its batches overlap: each is sent as soon as it forms, and the engine merges it
+into the sequences it is already decoding, so a question's next call never waits for another's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import Any
 
 from corag.budget import Meter
@@ -47,12 +48,15 @@ async def gather_cancelling(coros: Sequence[Coroutine[Any, Any, Any]]) -> list[A
 
 
 class _Queue:
-    """Calls of one kind: a worker runs everything queued as one batch in a thread whenever it is free."""
+    """Calls of one kind: everything queued goes as one batch. With `overlap` each batch is sent as soon
+    as it forms, beside the batches in flight (an asynchronous engine merges them); without, the next
+    batch waits for the one in flight."""
 
-    def __init__(self, call: Callable[[list[Any]], list[Any]]) -> None:
-        self.call = call
+    def __init__(self, call: Callable[[list[Any]], Awaitable[list[Any]]], overlap: bool = False) -> None:
+        self.call, self.overlap = call, overlap
         self.pending: list[tuple[Any, asyncio.Future]] = []
         self.busy = False
+        self.in_flight: set[asyncio.Task] = set()
 
     def submit(self, payload: Any) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -68,18 +72,26 @@ class _Queue:
             while self.pending:
                 await asyncio.sleep(0)  # questions resumed in this turn of the loop join the batch
                 batch, self.pending = self.pending, []
-                try:
-                    outputs = await asyncio.to_thread(self.call, [p for p, _ in batch])
-                except Exception as error:  # every caller of the batch sees it
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(error)
-                    continue
-                for (_, future), output in zip(batch, outputs, strict=True):
-                    if not future.done():  # a cancelled question leaves a cancelled future
-                        future.set_result(output)
+                if self.overlap:
+                    task = asyncio.create_task(self._send(batch))
+                    self.in_flight.add(task)  # held until done (the loop keeps only weak references)
+                    task.add_done_callback(self.in_flight.discard)
+                else:
+                    await self._send(batch)
         finally:
             self.busy = False
+
+    async def _send(self, batch: list[tuple[Any, asyncio.Future]]) -> None:
+        try:
+            outputs = await self.call([p for p, _ in batch])
+        except Exception as error:  # every caller of the batch sees it
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        for (_, future), output in zip(batch, outputs, strict=True):
+            if not future.done():  # a cancelled question leaves a cancelled future
+                future.set_result(output)
 
 
 class AsyncExecutor:
@@ -113,12 +125,21 @@ class AsyncExecutor:
             raise RuntimeError("this strategy needs a retriever, but none was given")
         return await self._queues[op.kind].submit(op.payload)
 
-    def _model_call(self, kind: str) -> Callable[[list[Any]], list[Any]]:
+    def _model_call(self, kind: str) -> Callable[[list[Any]], Awaitable[list[Any]]]:
+        engine = getattr(self.lm, "agenerate" if kind == "generate" else "ascore", None)
+        if engine is not None:  # an asynchronous engine: awaited here, batches overlap
+
+            async def submit(payloads: list[Any]) -> list[Any]:
+                plan = self.calls._plan(kind, payloads)
+                return self.calls._settle(plan, await engine(plan.sent) if plan.sent else [])
+
+            return submit
+
         def call(payloads: list[Any]) -> list[Any]:
             with self._model:
                 return self.calls._model_calls(kind, payloads)
 
-        return call
+        return lambda payloads: asyncio.to_thread(call, payloads)
 
     def run(self, coros: Iterable[Coroutine[Any, Any, Any]]) -> list[Any]:
         """Run all coroutines to completion; results in input order."""
@@ -149,10 +170,11 @@ class AsyncExecutor:
     async def _run(
         self, coros: list[Coroutine[Any, Any, Any]], on_result: Callable[[int, Any], None] | None = None
     ) -> list[Any]:
+        overlap = hasattr(self.lm, "agenerate")
         self._queues = {
-            "generate": _Queue(self._model_call("generate")),
-            "score": _Queue(self._model_call("score")),
-            "search": _Queue(self.calls._search),
+            "generate": _Queue(self._model_call("generate"), overlap),
+            "score": _Queue(self._model_call("score"), overlap),
+            "search": _Queue(lambda payloads: asyncio.to_thread(self.calls._search, payloads)),
         }
         slots = asyncio.Semaphore(self.max_active)
         results: list[Any] = [None] * len(coros)

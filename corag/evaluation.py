@@ -27,12 +27,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from corag.budget import Meter
+from corag.async_executor import AsyncExecutor
 from corag.chain import FINAL_DOCS, DecodeResult, check_dataset_docs
 from corag.config import parse_args_with_config
 from corag.data.jsonl import JsonlAppender, atomic_write, input_file, iter_jsonl, write_jsonl
 from corag.errors import InputError
-from corag.executor import Context, Executor
+from corag.executor import Executor
 from corag.kilt import passage_pages, read_page_ids, record_answer, warn_missing, write_kilt_submission
 from corag.metrics import (
     answer_scores,
@@ -133,21 +133,19 @@ def run_method(
     max_active: int = 64,
     progress: bool = True,
     extra_kwargs: dict[str, Any] | None = None,
+    executor: str = "stepped",
 ) -> list[dict[str, Any]]:
-    """Predict every question not yet in `out_path`, appending records as questions finish."""
+    """Predict every question not yet in `out_path`, appending records as questions finish; `executor`
+    is "stepped" (corag.executor) or "async" (corag.async_executor)."""
     strategy = methods()[run.method]
     kwargs = {**(extra_kwargs or {}), **run.kwargs}
     with JsonlAppender(out_path) as out:
         done = {r.get("query_id") for r in out.existing}
         todo = [e for e in examples if e.id not in done]
-        executor = Executor(lm, retriever, max_active=max_active)
-
-        def start(example: Example) -> Any:
-            ctx = Context(lm, retriever, Meter(budget=budget))
-            return strategy(ctx, example, corpus=corpus, **kwargs)
-
+        runner = (AsyncExecutor if executor == "async" else Executor)(lm, retriever, max_active=max_active)
+        coros = (strategy(runner.context(budget), e, corpus=corpus, **kwargs) for e in todo)
         bar = tqdm(total=len(todo), desc=run.name, unit="q", disable=not progress, file=sys.stderr)
-        for _, result in executor.map(start, todo):
+        for _, result in runner.stream(coros):
             out.append({**as_record(result), "run": run.name})
             bar.update(1)
         bar.close()
@@ -504,6 +502,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument("--max-active", type=int, default=64, help="questions in flight at once")
     p.add_argument(
+        "--executor",
+        default="stepped",
+        choices=["stepped", "async"],
+        help="stepped waves of batched calls, or asyncio tasks whose calls are sent as they come "
+        "(searches overlap generation; with --backend vllm-async calls join the running batch)",
+    )
+    p.add_argument(
         "--page-ids",
         type=Path,
         help="KILT: JSON map of page title -> Wikipedia id (`corag kilt-pages` builds it)",
@@ -579,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             method_extra = {"final_docs": args.final_docs, "limits": limits}
         records = run_method(
             run, examples, lm, retriever, corpus, folder / "predictions.jsonl",
-            budget=args.budget, max_active=args.max_active, extra_kwargs=method_extra,
+            budget=args.budget, max_active=args.max_active, extra_kwargs=method_extra, executor=args.executor,
         )  # fmt: skip
         summary = score_records(examples, records, args.rules, pages=pages)
         summary.update(eval_task=eval_task(examples), eval_split=split)

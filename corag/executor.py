@@ -146,6 +146,17 @@ class _Task:
 _Ready = deque[tuple[_Task, Any, "BaseException | None"]]
 
 
+@dataclass
+class _Plan:
+    """One batch of model calls after de-duplication: what is sent, and where each result comes from."""
+
+    kind: str
+    results: list[Any]
+    sent: list[Any] = field(default_factory=list)
+    first: dict[str, int] = field(default_factory=dict)  # request key -> position in `sent`
+    repeats: list[tuple[int, int]] = field(default_factory=list)  # (payload index, position in `sent`)
+
+
 class Executor:
     """Runs strategy coroutines for many questions with batched backend calls.
 
@@ -294,40 +305,47 @@ class Executor:
     def _model_calls(self, kind: str, payloads: list[Any]) -> list[Any]:
         """One batched `generate` or `score` call over the requests not already answered."""
         call = self.lm.generate if kind == "generate" else self.lm.score
+        plan = self._plan(kind, payloads)
+        return self._settle(plan, call(plan.sent) if plan.sent else [])
+
+    def _plan(self, kind: str, payloads: list[Any]) -> _Plan:
+        """What to send of a batch: each distinct request not answered before, once (with `dedup`)."""
+        plan = _Plan(kind, [None] * len(payloads))
         if not self.dedup:
-            self.batches[kind] += 1
-            return call(payloads)
-        results: list[Any] = [None] * len(payloads)
-        sent: list[Any] = []
-        first: dict[str, int] = {}  # key -> position in `sent`
-        repeats: list[tuple[int, int]] = []  # (payload index, position in `sent`)
+            plan.sent = list(payloads)
+            plan.repeats = [(i, i) for i in range(len(payloads))]
+            return plan
         for i, payload in enumerate(payloads):
             key = _request_key(payload)
             tokens = self._prompt_tokens(kind, payload)
             self.dedup_stats["prompt_tokens"] += tokens
             if key is not None and key in self._cache:
                 self._cache.move_to_end(key)
-                results[i] = self._cache[key]
-            elif key is not None and key in first:
-                repeats.append((i, first[key]))
+                plan.results[i] = self._cache[key]
+            elif key is not None and key in plan.first:
+                plan.repeats.append((i, plan.first[key]))
             else:
                 if key is not None:
-                    first[key] = len(sent)
-                repeats.append((i, len(sent)))
-                sent.append(payload)
+                    plan.first[key] = len(plan.sent)
+                plan.repeats.append((i, len(plan.sent)))
+                plan.sent.append(payload)
                 continue
             self.dedup_stats["saved_prompt_tokens"] += tokens
             self.dedup_stats["reused_calls"] += 1
-        outputs = call(sent) if sent else []
-        if sent:
-            self.batches[kind] += 1
-        for i, position in repeats:
-            results[i] = outputs[position]
-        for key, position in first.items():
-            self._cache[key] = outputs[position]
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
-        return results
+        return plan
+
+    def _settle(self, plan: _Plan, outputs: list[Any]) -> list[Any]:
+        """The batch's results from the outputs of what was sent; new results enter the cache."""
+        if plan.sent:
+            self.batches[plan.kind] += 1
+        for i, position in plan.repeats:
+            plan.results[i] = outputs[position]
+        if self.dedup:
+            for key, position in plan.first.items():
+                self._cache[key] = outputs[position]
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return plan.results
 
     def _prompt_tokens(self, kind: str, payload: Any) -> int:
         if kind == "generate":

@@ -31,6 +31,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from corag.async_executor import AsyncExecutor
 from corag.chain import CorpusLike, call_seed, next_subquery, scoring_request, subanswer
 from corag.config import parse_config
 from corag.data.jsonl import JsonlAppender, iter_jsonl, read_jsonl, write_jsonl
@@ -44,6 +45,7 @@ from corag.types import Example, Passage, Step
 
 # How a chain is scored: the prompt under which log P(gold answer | query, chain) is measured.
 SCORING_PROMPTS = ("final_no_docs", "final_with_docs")
+EXECUTORS = ("stepped", "async")
 
 
 @dataclass
@@ -336,15 +338,23 @@ def run_sampling(
     num_shards: int = 1,
     progress: bool = True,
     dedup: bool = True,
+    executor: str = "stepped",
 ) -> dict[str, Any]:
-    """Sample this shard's questions not yet in `out_path`, one block at a time; return the summary.
+    """Sample this shard's questions not yet in `out_path`; return the summary.
 
     With `dedup`, identical greedy or seeded calls are computed once (the records do not change);
     the summary's `dedup_saved_share` is the share of prompt tokens this saved.
 
-    A block's records are appended (whole lines, flushed and synced) when the block finishes. A block
-    that a crash interrupted is sampled again in full, and only its missing records are written.
+    `executor="stepped"` samples one block at a time as one batch and appends its records (whole lines,
+    flushed and synced) when the block finishes; a block that a crash interrupted is sampled again in
+    full, and only its missing records are written. `executor="async"` streams the unfinished blocks'
+    questions through corag.async_executor, `block_size` of them in flight, with no barrier between
+    blocks: each record is appended as soon as it and every question before it are done (question order
+    kept), and a resumed run skips the written records as before. Batches then form by timing, so on a
+    GPU the chains can differ from the stepped run's at the level of rounding.
     """
+    if executor not in EXECUTORS:
+        raise InputError(f"unknown executor {executor!r}; choose one of {EXECUTORS}", field="executor")
     config.check()
     digest = config_hash({**asdict(config), **(hash_inputs or {})})
     with JsonlAppender(out_path) as out:
@@ -363,26 +373,49 @@ def run_sampling(
             if any(e.id not in done for e in b)
         ]
         todo = sum(len(b) for b in blocks)
-        executor = Executor(lm, retriever, max_active=block_size, dedup=dedup)
         start, tokens, chains = time.perf_counter(), 0, 0
         bar = tqdm(total=todo, desc="sampling", unit="q", disable=not progress, file=sys.stderr)
-        for block in blocks:
-            records = executor.run(
-                [sample_question(Context(lm, retriever), e, corpus, config, digest, limits) for e in block]
-            )
+
+        def finished(records: list[dict[str, Any]]) -> None:
+            nonlocal tokens, chains
             for record in records:
                 if record["query_id"] not in done:
                     out.append(record)
             tokens += sum(r["tokens"] for r in records)
-            chains += config.num_chains * len(block)
+            chains += config.num_chains * len(records)
             elapsed = max(time.perf_counter() - start, 1e-9)
             bar.set_postfix(chains_s=f"{chains / elapsed:.1f}", tok_s=f"{tokens / elapsed:.0f}")
-            bar.update(len(block))
+            bar.update(len(records))
+
+        if executor == "async":
+            runner: Any = AsyncExecutor(lm, retriever, max_active=block_size, dedup=dedup)
+            questions = [e for block in blocks for e in block]
+            coros = (sample_question(runner.context(), e, corpus, config, digest, limits) for e in questions)
+            waiting: dict[int, dict[str, Any]] = {}  # finished before a question ahead of them
+            written = 0
+            for index, record in runner.stream(coros):
+                waiting[index] = record
+                ready = []
+                while written in waiting:
+                    ready.append(waiting.pop(written))
+                    written += 1
+                finished(ready)
+        else:
+            runner = Executor(lm, retriever, max_active=block_size, dedup=dedup)
+            for block in blocks:
+                finished(
+                    runner.run(
+                        [
+                            sample_question(Context(lm, retriever), e, corpus, config, digest, limits)
+                            for e in block
+                        ]
+                    )
+                )
         bar.close()
     records = read_jsonl(out_path)
     summary = summarize(records)
     summary.update(resumed_from=len(done), sampled_now=todo, dropped_partial_lines=out.dropped)
-    stats = executor.dedup_stats
+    stats = runner.dedup_stats
     summary["dedup_saved_share"] = stats["saved_prompt_tokens"] / max(stats["prompt_tokens"], 1)
     return summary
 
@@ -458,6 +491,14 @@ class SamplingArguments(SamplingConfig, EngineSettings, GenerationLimits):
     )
     shard: int = 0
     num_shards: int = 1
+    executor: str = field(
+        default="stepped",
+        metadata={
+            "help": "stepped: one block at a time as one batch (the same chains to the bit however the run "
+            "is sharded or resumed); async: questions stream through with block_size in flight and no "
+            "barrier between blocks (with the vllm-async backend, calls join the running batch)"
+        },
+    )
     skip_invalid: bool = field(default=False, metadata={"help": "skip (and count) invalid questions"})
     limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
 
@@ -517,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         block_size=args.block_size,
         shard=args.shard,
         num_shards=args.num_shards,
+        executor=args.executor,
     )
     summary["skipped_invalid"] = dict(skipped)
     print(json.dumps(summary, indent=2))

@@ -19,7 +19,7 @@ from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 from corag.errors import InputError
 from corag.prompts import ANSWER_MAX_NEW_TOKENS, SUBQUERY_MAX_NEW_TOKENS
 
-BACKENDS = ("hf", "vllm", "openai")
+BACKENDS = ("hf", "vllm", "vllm-async", "openai")
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 SYSTEM_DEFAULT, SYSTEM_NONE = "default", "none"
 
@@ -105,7 +105,7 @@ class EngineSettings:
 
     def backend_kwargs(self) -> dict[str, Any]:
         """The arguments `corag.lm.load_lm` passes to the chosen backend."""
-        if self.backend == "vllm":
+        if self.backend in ("vllm", "vllm-async"):
             return {
                 "tensor_parallel_size": self.tensor_parallel_size,
                 "dtype": self.dtype,

@@ -3,6 +3,8 @@ and with the tiny model on the transformers backend for real strategies."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from corag.async_executor import AsyncExecutor
@@ -28,6 +30,44 @@ def test_same_results_as_the_stepped_executor(program):
     ex = AsyncExecutor(lm, ScriptedRetriever(), max_active=3)
     assert ex.run([program(ex.context(), i) for i in range(7)]) == want
     assert len(lm.batches) < sum(len(b) for b in lm.batches)  # calls of several questions shared batches
+
+
+class AsyncEngineLM(ScriptedLM):
+    """A scripted LM with an asynchronous engine's interface; counts the batches in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = self.most_in_flight = 0
+
+    async def _engine(self, call, requests):
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0.05)  # decoding: other questions' calls arrive meanwhile
+        self.in_flight -= 1
+        return call(requests)
+
+    async def agenerate(self, requests):
+        return await self._engine(self.generate, requests)
+
+    async def ascore(self, requests):
+        return await self._engine(self.score, requests)
+
+
+async def staggered(ctx: Context, i: int) -> list:
+    """Question i searches i times first, so the questions reach the model at different times."""
+    hits = [await ctx.search(f"q{i} s{j}", 1) for j in range(i)]
+    return [hits, await three_turns(ctx, i), ctx.meter.usage]
+
+
+@pytest.mark.parametrize("program", [three_turns, fan_out, repeated_calls, staggered])
+def test_an_asynchronous_engine_takes_overlapping_batches_with_the_same_results(program):
+    stepped = Executor(ScriptedLM(), ScriptedRetriever())
+    want = stepped.run([program(stepped.context(), i) for i in range(7)])
+    lm = AsyncEngineLM()
+    ex = AsyncExecutor(lm, ScriptedRetriever(), max_active=4)
+    assert ex.run([program(ex.context(), i) for i in range(7)]) == want
+    if program is staggered:
+        assert lm.most_in_flight > 1  # a batch was sent while another was still decoding
 
 
 async def failing_child(ctx: Context, i: int) -> list:

@@ -110,10 +110,11 @@ def test_an_interrupted_evaluation_resumes_where_it_stopped(toy_world, toy_dir, 
     corpus = Corpus.load(toy_dir / "corpus.jsonl")
     run = Run("greedy", (("max_steps", 1),))
     full = run_method(run, examples, lm, retriever, corpus, tmp_path / "full.jsonl", progress=False)
-    # A crash left two whole records and half of a third.
+    # A crash left two whole records and half of a third; the rest is resumed with the asyncio executor.
     lines = (tmp_path / "full.jsonl").read_text().splitlines(keepends=True)
     (tmp_path / "cut.jsonl").write_text("".join(lines[:2]) + lines[2][: len(lines[2]) // 2])
-    resumed = run_method(run, examples, lm, retriever, corpus, tmp_path / "cut.jsonl", progress=False)
+    cut = tmp_path / "cut.jsonl"
+    resumed = run_method(run, examples, lm, retriever, corpus, cut, progress=False, executor="async")
     assert resumed == full
     assert len((tmp_path / "cut.jsonl").read_text().splitlines()) == len(examples)
 

@@ -162,6 +162,8 @@ def fake_vllm(monkeypatch) -> list[dict[str, Any]]:
 
     module = types.ModuleType("vllm")
     module.LLM = llm  # type: ignore[attr-defined]
+    module.AsyncEngineArgs = lambda **kwargs: llm(**kwargs)  # type: ignore[attr-defined]
+    module.AsyncLLMEngine = None  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", module)
     return calls
 
@@ -191,8 +193,11 @@ EXPECTED = {
 def test_engine_settings_reach_vllm(fake_vllm, template_models) -> None:
     with pytest.raises(EngineBuilt):
         EngineSettings(**ENGINE).load(str(template_models["qwen3"]))
-    [call] = fake_vllm
-    assert call == {"model": str(template_models["qwen3"]), **EXPECTED}
+    with pytest.raises(EngineBuilt):  # the asynchronous engine takes the same arguments
+        EngineSettings(**{**ENGINE, "backend": "vllm-async"}).load(str(template_models["qwen3"]))
+    offline, asynchronous = fake_vllm[:2]
+    assert offline == asynchronous == {"model": str(template_models["qwen3"]), **EXPECTED}
+    del fake_vllm[1]
     with pytest.raises(EngineBuilt):  # unset max_num_seqs is left to vLLM
         EngineSettings(backend="vllm").load(str(template_models["llama3.1"]))
     assert "max_num_seqs" not in fake_vllm[1] and fake_vllm[1]["gpu_memory_utilization"] == 0.9
@@ -242,7 +247,7 @@ def test_shipped_evaluation_configs_parse(path: Path) -> None:
     args = parse_args_with_config(build_parser(), ["--config", str(path)])
     engine = pick(EngineSettings, args)
     engine.check()
-    assert engine.backend == "vllm" and args.model and args.methods
+    assert engine.backend == "vllm-async" and args.executor == "async" and args.model and args.methods
     if "qwen3" in path.name:
         assert engine.chat_template_kwargs == {"enable_thinking": False}
 

@@ -11,8 +11,9 @@ __all__ = ["LM", "Completion", "GenerationRequest", "Message", "Score", "ScoreRe
 
 
 def load_lm(path: str | Path, backend: str = "hf", **kwargs: Any) -> LM:
-    """Load a chat checkpoint with the "hf" (transformers) or "vllm" backend, or reach running servers
-    with "openai" (kwargs: base_url="URL[,URL...]"); kwargs go to the backend."""
+    """Load a chat checkpoint with the "hf" (transformers), "vllm" (offline engine) or "vllm-async"
+    (asynchronous engine) backend, or reach running servers with "openai" (kwargs: base_url="URL[,URL...]");
+    kwargs go to the backend."""
     if backend == "hf":
         from corag.lm.hf import HFLM
 
@@ -21,8 +22,12 @@ def load_lm(path: str | Path, backend: str = "hf", **kwargs: Any) -> LM:
         from corag.lm.vllm import VLLMLM
 
         return VLLMLM(str(path), **kwargs)
+    if backend == "vllm-async":
+        from corag.lm.vllm import AsyncVLLMLM
+
+        return AsyncVLLMLM(str(path), **kwargs)
     if backend == "openai":
         from corag.lm.openai import OpenAILM
 
         return OpenAILM(path, **kwargs)
-    raise ValueError(f"unknown LM backend {backend!r}; choose 'hf', 'vllm' or 'openai'")
+    raise ValueError(f"unknown LM backend {backend!r}; choose 'hf', 'vllm', 'vllm-async' or 'openai'")

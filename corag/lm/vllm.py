@@ -1,4 +1,4 @@
-"""The vLLM backend: the offline engine for sampling and evaluation on GPUs.
+"""The vLLM backends: the offline engine (`vllm`) and the asynchronous engine (`vllm-async`) on GPUs.
 
 Prompts are rendered to token ids by the same code as the transformers backend (corag.lm.render), so
 both backends see identical inputs and charge identical usage. vLLM is an optional extra, imported when
@@ -7,6 +7,10 @@ an engine is built.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,14 +45,12 @@ class VLLMLM(CountingLM):
         system_prompt: str = SYSTEM_DEFAULT,
         **engine_kwargs: Any,
     ) -> None:
-        from vllm import LLM
-
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.renderer = ChatRenderer(self.tokenizer, path, chat_template_kwargs, system_prompt)
         if max_num_seqs is not None:
             engine_kwargs["max_num_seqs"] = max_num_seqs
-        self.engine = LLM(
-            path,
+        self._max_context = self._start(
+            model=path,
             tensor_parallel_size=tensor_parallel_size,
             dtype=dtype,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -58,7 +60,13 @@ class VLLMLM(CountingLM):
             **engine_kwargs,
         )
         self.end_ids = sorted(self.renderer.end_ids)
-        self._max_context = self.engine.llm_engine.model_config.max_model_len
+
+    def _start(self, **engine_args: Any) -> int:
+        """Build the engine; its context length."""
+        from vllm import LLM
+
+        self.engine = LLM(**engine_args)
+        return self.engine.llm_engine.model_config.max_model_len
 
     @property
     def max_context(self) -> int:
@@ -68,7 +76,15 @@ class VLLMLM(CountingLM):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """Continue each request's conversation with an assistant turn, `n` samples each."""
-        prompts = [self.renderer.prompt_ids(r.messages) for r in requests]
+        prompts, sent, params = self._generation(requests)
+        return self._completions(requests, prompts, sent, self._run([prompts[i] for i in sent], params))
+
+    def _generation(
+        self, requests: Sequence[GenerationRequest]
+    ) -> tuple[list[list[int]], list[int], list[Any]]:
+        """Each request's prompt ids, the requests sent to the engine (those with room to generate) and
+        their sampling parameters."""
+        prompts = [list(self.renderer.prompt_ids(r.messages)) for r in requests]
         for prompt in prompts:
             if len(prompt) > self.max_context:
                 raise context_error(len(prompt), self.max_context)
@@ -76,9 +92,15 @@ class VLLMLM(CountingLM):
             min(r.max_new_tokens, self.max_context - len(p)) for r, p in zip(requests, prompts, strict=True)
         ]
         sent = [i for i, r in enumerate(requests) if room[i] > 0 and r.n > 0]
-        outputs = self._run(
-            [list(prompts[i]) for i in sent], [self._sampling(requests[i], room[i]) for i in sent]
-        )
+        return prompts, sent, [self._sampling(requests[i], room[i]) for i in sent]
+
+    def _completions(
+        self,
+        requests: Sequence[GenerationRequest],
+        prompts: list[list[int]],
+        sent: list[int],
+        outputs: list[Any],
+    ) -> list[Completion]:
         samples = {i: output.outputs for i, output in zip(sent, outputs, strict=True)}
         completions = []
         for i, request in enumerate(requests):
@@ -110,13 +132,23 @@ class VLLMLM(CountingLM):
             stop=list(request.stop) or None,
             stop_token_ids=self.end_ids,
             seed=None if greedy or request.seed is None else sample_seed(request.seed, 0),
+            **self._final_only(),
         )
+
+    def _final_only(self) -> dict[str, Any]:
+        """Extra sampling parameters of this engine (the offline engine returns final outputs anyway)."""
+        return {}
 
     # Scoring -----------------------------------------------------------------------------------
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Score]:
         """Log-probabilities of each target's tokens (content and end-of-turn) after its messages,
         read from vLLM's prompt log-probabilities over prompt plus target."""
+        rendered, params = self._scoring(requests)
+        return self._scores(rendered, self._run([list(ids) for ids, _ in rendered], params))
+
+    def _scoring(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[Any, int]], list[Any]]:
+        """Each request's ids (messages and target) with the target's start, and the engine parameters."""
         from vllm import SamplingParams
 
         rendered = [self.renderer.scored_ids(r.messages, r.target) for r in requests]
@@ -124,10 +156,84 @@ class VLLMLM(CountingLM):
             # vLLM needs room for the one token it generates after the scored prompt.
             if len(ids) >= self.max_context:
                 raise context_error(len(ids), self.max_context - 1)
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        outputs = self._run([list(ids) for ids, _ in rendered], [params] * len(rendered))
+        params = SamplingParams(
+            max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, **self._final_only()
+        )
+        return rendered, [params] * len(rendered)
+
+    def _scores(self, rendered: list[tuple[Any, int]], outputs: list[Any]) -> list[Score]:
         scores = []
         for (ids, start), output in zip(rendered, outputs, strict=True):
             logprobs = tuple(output.prompt_logprobs[p][ids[p]].logprob for p in range(start, len(ids)))
             scores.append(Score(logprobs, Usage(len(ids), 0, 1)))
         return scores
+
+
+class AsyncVLLMLM(VLLMLM):
+    """vLLM's asynchronous engine (`AsyncLLM`): every request enters the engine's running batch as soon
+    as it is submitted, so a question's next call never waits for other questions' calls.
+
+    The engine lives on its own event loop in a background thread. `agenerate` and `ascore` await one
+    list of requests from any event loop (corag.async_executor submits each batch as it forms, without
+    waiting for the batches in flight); `generate` and `score` block, so the stepped executor works too.
+    """
+
+    def _start(self, **engine_args: Any) -> int:
+        from vllm import AsyncEngineArgs, AsyncLLMEngine  # AsyncLLMEngine: vLLM v1's AsyncLLM
+
+        args = AsyncEngineArgs(**engine_args)
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="vllm-async", daemon=True).start()
+
+        async def build() -> Any:  # the engine binds its output handler to the loop it starts on
+            return AsyncLLMEngine.from_engine_args(args)
+
+        self.engine = asyncio.run_coroutine_threadsafe(build(), self._loop).result()
+        return self.engine.model_config.max_model_len
+
+    def _final_only(self) -> dict[str, Any]:
+        from vllm.sampling_params import RequestOutputKind
+
+        return {"output_kind": RequestOutputKind.FINAL_ONLY}
+
+    async def _gather(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
+        async def one(prompt: list[int], param: Any) -> Any:
+            outputs = [
+                o async for o in self.engine.generate({"prompt_token_ids": prompt}, param, uuid.uuid4().hex)
+            ]
+            return outputs[-1]  # the final output only (FINAL_ONLY)
+
+        return list(await asyncio.gather(*(one(p, q) for p, q in zip(prompts, params, strict=True))))
+
+    def _submit(self, prompts: list[list[int]], params: list[Any]) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(self._gather(prompts, params), self._loop)
+
+    def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
+        return self._submit(prompts, params).result() if prompts else []
+
+    async def _await(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
+        return await asyncio.wrap_future(self._submit(prompts, params)) if prompts else []
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """`generate`, awaited: the requests join the engine's running batch."""
+        prompts, sent, params = self._generation(requests)
+        outputs = await self._await([prompts[i] for i in sent], params)
+        return self._completions(requests, prompts, sent, outputs)
+
+    async def ascore(self, requests: Sequence[ScoreRequest]) -> list[Score]:
+        """`score`, awaited: the requests join the engine's running batch."""
+        rendered, params = self._scoring(requests)
+        return self._scores(rendered, await self._await([list(ids) for ids, _ in rendered], params))
+
+    def close(self) -> None:
+        """Stop the engine, its tasks and its loop."""
+        self.engine.shutdown()
+
+        async def cancel_the_rest() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(cancel_the_rest(), self._loop).result(timeout=60)
+        self._loop.call_soon_threadsafe(self._loop.stop)

@@ -191,3 +191,47 @@ def test_openai_backend_against_vllm_serve_equals_the_offline_engine(
         for a, b in zip(lm.score(scored), vllm_lm.score(scored), strict=True):
             assert a.usage == b.usage
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+
+
+async def three_turns(ctx, messages: tuple[dict[str, str], ...]) -> list[str]:
+    """A conversation of three generations, each continuing the last."""
+    texts = []
+    for _ in range(3):
+        completion = await ctx.generate(GenerationRequest(messages, max_new_tokens=8))
+        texts.append(completion.texts[0])
+        messages = (*messages, {"role": "assistant", "content": texts[-1]}, *chat("And then?"))
+    return texts
+
+
+def test_the_asynchronous_engine_equals_the_offline_one(model_dir: Path, vllm_lm: VLLMLM) -> None:
+    import asyncio
+
+    from corag.async_executor import AsyncExecutor
+    from corag.executor import Executor
+    from corag.lm.vllm import AsyncVLLMLM
+
+    lm = load_lm(model_dir, backend="vllm-async", dtype="float32", enforce_eager=True)
+    assert isinstance(lm, AsyncVLLMLM) and lm.max_context == vllm_lm.max_context
+    try:
+        requests = [GenerationRequest(m, max_new_tokens=16) for m in PROMPTS]
+        requests.append(GenerationRequest(PROMPTS[1], max_new_tokens=5, n=3))
+        want = vllm_lm.generate(requests)
+        assert lm.generate(requests) == want  # the blocking path (stepped executor)
+
+        async def overlapping():  # two batches in flight at once, as the async executor sends them
+            return await asyncio.gather(lm.agenerate(requests[:3]), lm.agenerate(requests[3:]))
+
+        first, second = asyncio.run(overlapping())
+        assert first + second == want
+        targets = ["person 3", "city 4", "country 0", "", "person 8 was born in city 3."]
+        scored = [ScoreRequest(m, t) for m, t in zip(PROMPTS, targets, strict=True)]
+        for a, b in zip(asyncio.run(lm.ascore(scored)), vllm_lm.score(scored), strict=True):
+            assert a.usage == b.usage
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+        stepped = Executor(vllm_lm)
+        ours = AsyncExecutor(lm, max_active=3)
+        assert ours.run([three_turns(ours.context(), m) for m in PROMPTS]) == stepped.run(
+            [three_turns(stepped.context(), m) for m in PROMPTS]
+        )
+    finally:
+        lm.close()
