@@ -13,10 +13,13 @@ identical-request reuse on and off: the share of prompt tokens it saves (`dedup_
 whether the records are identical (`dedup_identical`).
 
 async: greedy decoding (L=3) of the same questions with the stepped executor and the asyncio one
-(corag.async_executor), same backend: questions/s (`async_speedup`) and identical predictions
-(`async_identical`).
+(corag.async_executor): questions/s (`async_speedup`) and identical predictions (`async_identical`).
+With `--backend hf` both run on the transformers backend; with `--backend vllm` (where vLLM is
+installed: tests/vllm/run.sh builds such an environment on CPU) the stepped executor drives vLLM's
+offline engine in lock-step waves and the asyncio one its asynchronous engine (`vllm-async`), whose
+running batch each call joins as it comes.
 
-Run: python benchmarks/engine.py [--parts service,dedup,async] [--clients 16] [--requests 40]
+Run: python benchmarks/engine.py [--parts service,dedup,async] [--backend hf|vllm] [--clients 16]
 Only loopback traffic; every loop is bounded. The last printed line is one JSON object.
 """
 
@@ -152,14 +155,15 @@ def bench_service(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def toy_setup() -> tuple[Any, Any, Any, Any, Path]:
-    """The tiny Llama (taught to end its turns), BM25 and corpus of a toy world, and its questions."""
+def toy_setup(vllm: bool) -> dict[str, Any]:
+    """The tiny Llama (taught to end its turns; heads of 64, as vLLM's CPU kernels need) on the
+    transformers backend (and with `vllm`, on vLLM's offline and asynchronous engines), BM25 and
+    corpus of a toy world, and its questions."""
     import torch
 
     from corag.data.corpus import Corpus
     from corag.data.toyworld import generate_world, tokenizer_texts
     from corag.lm import load_lm
-    from corag.retrieval.bm25 import BM25Retriever
     from corag.tinymodel import build_tiny_model, save_tiny, teach_turn_ends, train_tokenizer
 
     torch.set_num_threads(1)
@@ -169,9 +173,16 @@ def toy_setup() -> tuple[Any, Any, Any, Any, Path]:
     tokenizer = train_tokenizer(tokenizer_texts(world))
     model = build_tiny_model(tokenizer, seed=0)
     teach_turn_ends(model, tokenizer, world, 30)
-    lm = load_lm(save_tiny(folder / "model", model, tokenizer), backend="hf", device="cpu")
+    path = save_tiny(folder / "model", model, tokenizer)
+    lms = {"hf": load_lm(path, backend="hf", device="cpu")}
+    if vllm:  # float32 and eager on CPU; before bm25s loads llvmlite, which vLLM's CPU start-up trips on
+        for backend in ("vllm", "vllm-async"):
+            lms[backend] = load_lm(path, backend, dtype="float32", enforce_eager=True)
+    from corag.retrieval.bm25 import BM25Retriever
+
     corpus = Corpus.load(folder / "world" / "corpus.jsonl")
-    return lm, BM25Retriever.from_passages(world.passages), corpus, world, folder
+    retriever = BM25Retriever.from_passages(world.passages)
+    return {"lms": lms, "retriever": retriever, "corpus": corpus, "world": world, "folder": folder}
 
 
 def bench_dedup(args: argparse.Namespace, setup: tuple) -> dict[str, Any]:
@@ -194,7 +205,8 @@ def bench_dedup(args: argparse.Namespace, setup: tuple) -> dict[str, Any]:
             self.tokens += sum(self.lm.count_score_tokens(r) for r in requests)
             return self.lm.score(requests)
 
-    base, retriever, corpus, world, folder = setup
+    base, retriever, corpus = setup["lms"]["hf"], setup["retriever"], setup["corpus"]
+    world, folder = setup["world"], setup["folder"]
     questions = world.train[: args.dedup_questions]
     config = SamplingConfig(num_chains=4, max_length=3, temperature=0.7)
     out: dict[bool, tuple[int, bytes]] = {}
@@ -220,11 +232,15 @@ def bench_async(args: argparse.Namespace, setup: tuple) -> dict[str, Any]:
     from corag.decoding import STRATEGIES
     from corag.executor import Executor
 
-    lm, retriever, corpus, world, _ = setup
+    retriever, corpus, world = setup["retriever"], setup["corpus"], setup["world"]
+    loaded = setup["lms"]
+    lms = {"stepped": loaded["hf"], "async": loaded["hf"]}
+    if args.backend == "vllm":
+        lms = {"stepped": loaded["vllm"], "async": loaded["vllm-async"]}
     questions = world.test[: args.async_questions]
     timings, outputs = {}, {}
     for name, cls in (("stepped", Executor), ("async", AsyncExecutor), ("stepped_again", Executor)):
-        executor = cls(lm, retriever, dedup=False)
+        executor = cls(lms[name.removesuffix("_again")], retriever, dedup=False)
         start = time.perf_counter()
         results = executor.run(
             [STRATEGIES["greedy"](executor.context(), q, corpus, max_steps=3) for q in questions]
@@ -232,7 +248,10 @@ def bench_async(args: argparse.Namespace, setup: tuple) -> dict[str, Any]:
         timings[name] = time.perf_counter() - start
         outputs[name] = [(r.steps, r.prediction) for r in results]
     stepped = min(timings["stepped"], timings["stepped_again"])  # the better of two, around the async run
+    if args.backend == "vllm":
+        lms["async"].close()
     return {
+        "async_backend": args.backend,
         "async_questions": len(questions),
         "async_qps": len(questions) / timings["async"],
         "stepped_qps": len(questions) / stepped,
@@ -245,6 +264,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="service,dedup,async", help="comma-separated: service, dedup, async")
     ap.add_argument("--async-questions", type=int, default=32)
+    ap.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="backend of the async part")
     ap.add_argument("--rows", type=int, default=20_000, help="passage vectors of the service's index")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--requests", type=int, default=40, help="requests per concurrent client")
@@ -268,7 +288,7 @@ def main() -> None:
             f"{result['service_p50_ms']:.0f} ms, p99 {result['service_p99_ms']:.0f} ms, mean batch "
             f"{result['service_mean_batch']:.1f}, errors {result['service_errors']}"
         )
-    setup = toy_setup() if parts & {"dedup", "async"} else None
+    setup = toy_setup("async" in parts and args.backend == "vllm") if parts & {"dedup", "async"} else {}
     if "async" in parts:
         result |= bench_async(args, setup)
         print(

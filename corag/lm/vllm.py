@@ -227,7 +227,8 @@ class AsyncVLLMLM(VLLMLM):
 
     def close(self) -> None:
         """Stop the engine, its tasks and its loop."""
-        self.engine.shutdown()
+        engine, self.engine = self.engine, None
+        engine.shutdown()
 
         async def cancel_the_rest() -> None:
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -237,3 +238,4 @@ class AsyncVLLMLM(VLLMLM):
 
         asyncio.run_coroutine_threadsafe(cancel_the_rest(), self._loop).result(timeout=60)
         self._loop.call_soon_threadsafe(self._loop.stop)
+        del engine  # its own __del__ (another shutdown) runs now, not at interpreter exit
