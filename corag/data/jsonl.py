@@ -8,6 +8,7 @@ reopening, repairs a truncated last line that a crash may have left.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -80,6 +81,15 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """All records of a JSONL file (blank lines skipped)."""
     return [record for _, record in iter_jsonl(path)]
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 @contextlib.contextmanager
