@@ -36,9 +36,9 @@ from typing import Any  # noqa: E402
 from corag.data.corpus import Corpus, write_context_corpus  # noqa: E402
 from corag.data.formats import load_examples  # noqa: E402
 from corag.evaluation import Run, run_method, score_records, write_results  # noqa: E402
-from corag.lm.hf import HFLM  # noqa: E402
 from corag.models import convert_smollm2  # noqa: E402
 from corag.retrieval.dense import DenseRetriever, Encoder  # noqa: E402
+from corag.settings import EngineSettings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "hotpotqa" / "hotpot_dev_distractor_sample.json"
@@ -121,7 +121,7 @@ def main() -> None:
     start = time.perf_counter()
     retriever = DenseRetriever.from_passages(passages, Encoder.from_preset("minilm", device="cpu"))
     index_seconds = time.perf_counter() - start
-    lm = HFLM(model, device="cpu", dtype=dtype)
+    lm = EngineSettings(device="cpu", dtype=dtype).load(str(model))  # the commands' defaults otherwise
 
     rows, results = [], {}
     for name in args.methods:
