@@ -203,3 +203,28 @@ class AsyncExecutor:
             for coro in coros[len(tasks) :]:
                 coro.close()
         return results
+
+
+EXECUTORS = {"stepped": Executor, "async": AsyncExecutor}
+
+
+def add_executor_argument(parser: Any) -> None:
+    """The `--executor` option of the commands that decode questions."""
+    parser.add_argument(
+        "--executor",
+        default="stepped",
+        choices=sorted(EXECUTORS),
+        help="stepped waves of batched calls, or asyncio tasks whose calls are sent as they come "
+        "(searches overlap generation; with --backend vllm-async calls join the running batch)",
+    )
+
+
+def in_order(results: Iterable[tuple[int, Any]]) -> Iterator[Any]:
+    """(index, result) pairs as they finish, yielded in index order as soon as each is next."""
+    waiting: dict[int, Any] = {}  # finished before a question ahead of them
+    following = 0
+    for index, result in results:
+        waiting[index] = result
+        while following in waiting:
+            yield waiting.pop(following)
+            following += 1

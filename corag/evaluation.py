@@ -27,12 +27,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from corag.async_executor import AsyncExecutor
+from corag.async_executor import EXECUTORS, add_executor_argument
 from corag.chain import FINAL_DOCS, DecodeResult, check_dataset_docs
 from corag.config import parse_args_with_config
 from corag.data.jsonl import JsonlAppender, atomic_write, input_file, iter_jsonl, write_jsonl
 from corag.errors import InputError
-from corag.executor import Executor
 from corag.kilt import passage_pages, read_page_ids, record_answer, warn_missing, write_kilt_submission
 from corag.metrics import (
     answer_scores,
@@ -142,7 +141,7 @@ def run_method(
     with JsonlAppender(out_path) as out:
         done = {r.get("query_id") for r in out.existing}
         todo = [e for e in examples if e.id not in done]
-        runner = (AsyncExecutor if executor == "async" else Executor)(lm, retriever, max_active=max_active)
+        runner = EXECUTORS[executor](lm, retriever, max_active=max_active)
         coros = (strategy(runner.context(budget), e, corpus=corpus, **kwargs) for e in todo)
         bar = tqdm(total=len(todo), desc=run.name, unit="q", disable=not progress, file=sys.stderr)
         for _, result in runner.stream(coros):
@@ -501,13 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=int, default=None, help="token budget per question")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument("--max-active", type=int, default=64, help="questions in flight at once")
-    p.add_argument(
-        "--executor",
-        default="stepped",
-        choices=["stepped", "async"],
-        help="stepped waves of batched calls, or asyncio tasks whose calls are sent as they come "
-        "(searches overlap generation; with --backend vllm-async calls join the running batch)",
-    )
+    add_executor_argument(p)
     p.add_argument(
         "--page-ids",
         type=Path,

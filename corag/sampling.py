@@ -31,12 +31,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from corag.async_executor import AsyncExecutor
+from corag.async_executor import EXECUTORS, in_order
 from corag.chain import CorpusLike, call_seed, next_subquery, scoring_request, subanswer
 from corag.config import parse_config
 from corag.data.jsonl import JsonlAppender, iter_jsonl, read_jsonl, write_jsonl
 from corag.errors import InputError
-from corag.executor import Context, Executor
+from corag.executor import Context
 from corag.metrics import exact_match, max_over_golds
 from corag.prompts import FINAL_NUM_DOCS, NO_INFO, final_answer_messages
 from corag.settings import DEFAULT_LIMITS, EngineSettings, GenerationLimits, chain_settings, pick
@@ -45,7 +45,6 @@ from corag.types import Example, Passage, Step
 
 # How a chain is scored: the prompt under which log P(gold answer | query, chain) is measured.
 SCORING_PROMPTS = ("final_no_docs", "final_with_docs")
-EXECUTORS = ("stepped", "async")
 
 
 @dataclass
@@ -354,7 +353,9 @@ def run_sampling(
     GPU the chains can differ from the stepped run's at the level of rounding.
     """
     if executor not in EXECUTORS:
-        raise InputError(f"unknown executor {executor!r}; choose one of {EXECUTORS}", field="executor")
+        raise InputError(
+            f"unknown executor {executor!r}; choose one of {sorted(EXECUTORS)}", field="executor"
+        )
     config.check()
     digest = config_hash({**asdict(config), **(hash_inputs or {})})
     with JsonlAppender(out_path) as out:
@@ -387,30 +388,17 @@ def run_sampling(
             bar.set_postfix(chains_s=f"{chains / elapsed:.1f}", tok_s=f"{tokens / elapsed:.0f}")
             bar.update(len(records))
 
-        if executor == "async":
-            runner: Any = AsyncExecutor(lm, retriever, max_active=block_size, dedup=dedup)
-            questions = [e for block in blocks for e in block]
-            coros = (sample_question(runner.context(), e, corpus, config, digest, limits) for e in questions)
-            waiting: dict[int, dict[str, Any]] = {}  # finished before a question ahead of them
-            written = 0
-            for index, record in runner.stream(coros):
-                waiting[index] = record
-                ready = []
-                while written in waiting:
-                    ready.append(waiting.pop(written))
-                    written += 1
-                finished(ready)
+        runner = EXECUTORS[executor](lm, retriever, max_active=block_size, dedup=dedup)
+
+        def coros(questions: list[Example]) -> list[Any]:
+            return [sample_question(runner.context(), e, corpus, config, digest, limits) for e in questions]
+
+        if executor == "async":  # every unfinished question in one stream, no barrier between blocks
+            for record in in_order(runner.stream(coros([e for block in blocks for e in block]))):
+                finished([record])
         else:
-            runner = Executor(lm, retriever, max_active=block_size, dedup=dedup)
             for block in blocks:
-                finished(
-                    runner.run(
-                        [
-                            sample_question(Context(lm, retriever), e, corpus, config, digest, limits)
-                            for e in block
-                        ]
-                    )
-                )
+                finished(runner.run(coros(block)))
         bar.close()
     records = read_jsonl(out_path)
     summary = summarize(records)

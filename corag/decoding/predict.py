@@ -18,12 +18,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from corag.async_executor import AsyncExecutor
+from corag.async_executor import EXECUTORS, add_executor_argument
 from corag.chain import FINAL_DOCS, check_dataset_docs
 from corag.config import parse_args_with_config
 from corag.decoding import STRATEGIES, get_strategy
 from corag.errors import InputError
-from corag.executor import Executor
 from corag.settings import EngineSettings, GenerationLimits, add_arguments, pick
 from corag.tasks import get_task
 from corag.types import Example
@@ -59,13 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--aliases", default=None, help="2WikiMultihopQA id_aliases.json (aliases and demonyms)")
     p.add_argument("--max-active", type=int, default=256, help="questions decoded at once")
-    p.add_argument(
-        "--executor",
-        default="stepped",
-        choices=["stepped", "async"],
-        help="stepped waves of batched calls, or asyncio tasks whose calls are sent as they come "
-        "(searches overlap generation; corag.async_executor)",
-    )
+    add_executor_argument(p)
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument("--out", required=True, help="predictions JSONL (appended; re-runs resume)")
     p.add_argument(
@@ -169,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     lm = pick(EngineSettings, args).load(args.model)
     retriever = load_retriever(args.index or args.retriever_url)
     strategy, kwargs = get_strategy(args.strategy), strategy_kwargs(args)
-    runner = AsyncExecutor if args.executor == "async" else Executor
-    executor = runner(lm, retriever, max_active=args.max_active)
+    executor = EXECUTORS[args.executor](lm, retriever, max_active=args.max_active)
     coros = (strategy(executor.context(args.budget), ex, corpus, **kwargs) for ex in todo)
     tokens = 0
     with out.open("a") as f, tqdm(total=len(todo), desc=f"predict {args.strategy}", unit="q") as bar:
