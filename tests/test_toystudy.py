@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from corag import quickstart
+from corag.config import load_yaml
 from corag.data.formats import load_multihopqa
 from corag.data.toyworld import generate_world, question
 from corag.toystudy import compute_dtype, judge_headroom
@@ -29,7 +30,7 @@ SMALL = [
 @pytest.mark.slow
 def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
     out = tmp_path / "qs"
-    assert quickstart.main(["--out_dir", str(out), *SMALL]) == 0
+    assert quickstart.main(["--from-scratch", "--out_dir", str(out), *SMALL]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["timings_s"]) == {
         "world", "warm-start", "index", "sample", "fine-tune", "single-step baseline", "diagnose", "evaluate"
@@ -86,10 +87,24 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
 
     # Resume: a second run finds every stage done and recomputes nothing.
     (out / "summary.json").unlink()
-    assert quickstart.main(["--out_dir", str(out), *SMALL]) == 0
+    assert quickstart.main(["--from-scratch", "--out_dir", str(out), *SMALL]) == 0
     again = json.loads((out / "summary.json").read_text())
     assert set(again["timings_s"]) == {"evaluate"}
     assert again["results"] == results
+
+
+@pytest.mark.slow
+def test_quickstart_starts_from_the_shipped_warm_model(tmp_path):
+    made = json.loads((quickstart.WARM / "warm_start.json").read_text())
+    config = load_yaml(quickstart.CONFIG)
+    assert made["study_config"]["excluded_world_seed"] == config["seed"]  # the warm model never saw it
+    assert all(0.0 <= v <= 1.0 for v in made["heldout_accuracy"].values())
+    out = tmp_path / "qs"
+    small = [*SMALL, "--evals", "single_step=single_step@greedy:L=0", "corag_greedy=corag@greedy:L=2"]
+    assert quickstart.main(["--out_dir", str(out), *small]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert "warm-start" not in summary["timings_s"] and summary["config"]["warm_dir"] == str(quickstart.WARM)
+    assert set(summary["results"]) == {"single_step", "corag_greedy"}
 
 
 def test_warm_only_trains_a_warm_model_to_reuse_and_records_what_made_it(tmp_path):
