@@ -78,7 +78,7 @@ def bench_decoding(model: Any, tokenizer: Any, args: argparse.Namespace) -> dict
     world.write(folder / "world")
     corpus = Corpus.load(folder / "world" / "corpus.jsonl")
     retriever = BM25Retriever.from_passages(world.passages)
-    lm = HFLM(model, tokenizer, batch_size=args.batch_size, max_context=4096)
+    lm = HFLM(model, tokenizer, batch_size=args.batch_size, max_batch_tokens=None, max_context=4096)
     questions = world.test[: args.questions]
     strategy = STRATEGIES["greedy"]
 

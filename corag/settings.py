@@ -22,6 +22,7 @@ from corag.prompts import ANSWER_MAX_NEW_TOKENS, SUBQUERY_MAX_NEW_TOKENS
 BACKENDS = ("hf", "vllm", "vllm-async", "openai")
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 SYSTEM_DEFAULT, SYSTEM_NONE = "default", "none"
+MAX_BATCH_TOKENS = 16384  # transformers backend: tokens per forward pass, unless told otherwise
 
 T = TypeVar("T")
 
@@ -42,7 +43,7 @@ class EngineSettings:
     device: str | None = field(default=None, metadata={"help": "hf device (default: cuda if available)"})
     batch_size: int = field(default=64, metadata={"help": "hf: most sequences per forward pass"})
     max_batch_tokens: int | None = field(
-        default=16384,
+        default=MAX_BATCH_TOKENS,
         metadata={"help": "hf: most tokens per forward pass (rows x padded length, with the new tokens "
         "when generating); bounds memory. A longer single sequence runs alone"},
     )  # fmt: skip

@@ -26,7 +26,7 @@ from transformers import (
 
 from corag.lm.base import Completion, GenerationRequest, Score, ScoreRequest
 from corag.lm.render import ChatRenderer, CountingLM
-from corag.settings import SYSTEM_DEFAULT
+from corag.settings import MAX_BATCH_TOKENS, SYSTEM_DEFAULT
 from corag.types import Usage
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -84,7 +84,7 @@ class _Seq:
 class HFLM(CountingLM):
     """A transformers causal LM behind the LM protocol (by default bf16 on GPU, fp32 on CPU; eval mode).
 
-    A forward pass holds at most `batch_size` sequences and, with `max_batch_tokens`, at most that many
+    A forward pass holds at most `batch_size` sequences and at most `max_batch_tokens` (None: no limit)
     tokens (rows x padded length, counting the new tokens of a generation), which bounds the memory
     of activations and the KV cache; a single longer sequence runs alone.
     """
@@ -97,7 +97,7 @@ class HFLM(CountingLM):
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
         batch_size: int = 64,
-        max_batch_tokens: int | None = None,
+        max_batch_tokens: int | None = MAX_BATCH_TOKENS,
         max_context: int | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         system_prompt: str = SYSTEM_DEFAULT,

@@ -15,6 +15,7 @@ from corag.lm import load_lm
 from corag.lm.base import GenerationRequest, ScoreRequest
 from corag.lm.hf import HFLM
 from corag.lm.render import ChatRenderer
+from corag.settings import EngineSettings
 from corag.tinymodel import CHAT_TEMPLATE, build_tiny_model, save_tiny, train_tokenizer
 
 TEXTS = [
@@ -70,7 +71,9 @@ def prompt_ids(tokenizer, messages) -> list[int]:
 
 
 def test_load_lm_builds_the_hf_backend_and_rejects_unknown_backends(model_dir: Path) -> None:
-    assert isinstance(load_lm(model_dir), HFLM)
+    lm = load_lm(model_dir)
+    assert isinstance(lm, HFLM)
+    assert lm.max_batch_tokens == EngineSettings().max_batch_tokens  # bounded as the commands are
     with pytest.raises(ValueError, match="unknown LM backend"):
         load_lm(model_dir, backend="nope")
 
