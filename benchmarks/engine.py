@@ -1,12 +1,14 @@
 """The cluster path's throughput: the retrieval service under concurrent clients, and identical requests
 computed once by the executor.
 
-service: `corag serve-retriever`'s app in its own process over a small dense index (MiniLM queries,
-`--rows` random 384-d passage vectors, exact search) on 127.0.0.1. `--clients` concurrent clients, each
-sending one query per request on the official E5 API (`POST /` {"query"}) or ours (`POST /search`),
-against one client sending the same number of requests one after another. Reports requests/s, the
-speed-up (`service_speedup_vs_serial`, the target is >= 3), p50/p99 latency, the mean coalesced batch
-and errors.
+service: `corag serve-retriever`'s app in its own process over a dense index (MiniLM queries, `--rows`
+random 384-d passage vectors, exact search; one torch thread) on 127.0.0.1. `--clients` concurrent
+clients, each sending one query per request on the official E5 API (`POST /` {"query"}) or ours
+(`POST /search`), against one client sending the same number of requests one after another, in
+`--rounds` turns. Reports the median round's requests/s and speed-up (`service_speedup_vs_serial`, the
+target is >= 3) with every round's, p50/p99 latency, the mean coalesced batch and errors. On a CPU
+the ratio is bounded by arithmetic: encoding and exact search cost ~14 and ~13 ms for one query and
+~35 and ~29 ms for eight (one thread), where a GPU searches eight for about the price of one.
 
 dedup: sampling on the toy world (tiny Llama, BM25, transformers backend) with the executor's
 identical-request reuse on and off: the share of prompt tokens it saves (`dedup_saved_share`) and
@@ -132,26 +134,34 @@ def bench_service(args: argparse.Namespace) -> dict[str, Any]:
                     raise RuntimeError("service did not start") from None
                 time.sleep(0.2)
         total = args.clients * args.requests
-        serial_rps, _, serial_errors = asyncio.run(run_clients(url, args.api, 1, total))
-        before = httpx.get(f"{url}/health").json()
-        rps, latencies, errors = asyncio.run(run_clients(url, args.api, args.clients, args.requests))
-        after = httpx.get(f"{url}/health").json()
+        rounds, latencies, errors, queries, searches = [], [], 0, 0, 0
+        for _ in range(args.rounds):  # serial and concurrent take turns, so load from elsewhere hits both
+            serial_rps, _, serial_errors = asyncio.run(run_clients(url, args.api, 1, total))
+            before = httpx.get(f"{url}/health").json()
+            rps, lat, errs = asyncio.run(run_clients(url, args.api, args.clients, args.requests))
+            after = httpx.get(f"{url}/health").json()
+            rounds.append((rps, serial_rps))
+            latencies += lat
+            errors += errs + serial_errors
+            queries += after["queries"] - before["queries"]
+            searches += after["searches"] - before["searches"]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     q = statistics.quantiles([lat * 1000 for lat in latencies], n=100)
-    searches = max(after["searches"] - before["searches"], 1)
+    rps, serial_rps = sorted(rounds, key=lambda r: r[0] / r[1])[(len(rounds) - 1) // 2]  # the median round
     return {
         "service_api": args.api,
         "service_clients": args.clients,
-        "service_requests": total,
-        "service_errors": errors + serial_errors,
+        "service_requests": total * args.rounds,
+        "service_errors": errors,
         "service_rps": rps,
         "serial_rps": serial_rps,
         "service_speedup_vs_serial": rps / serial_rps,
+        "service_speedup_rounds": [round(a / b, 2) for a, b in rounds],
         "service_p50_ms": q[49],
         "service_p99_ms": q[98],
-        "service_mean_batch": (after["queries"] - before["queries"]) / searches,
+        "service_mean_batch": queries / max(searches, 1),
     }
 
 
@@ -265,12 +275,18 @@ def main() -> None:
     ap.add_argument("--parts", default="service,dedup,async", help="comma-separated: service, dedup, async")
     ap.add_argument("--async-questions", type=int, default=32)
     ap.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="backend of the async part")
-    ap.add_argument("--rows", type=int, default=20_000, help="passage vectors of the service's index")
+    ap.add_argument("--rows", type=int, default=100_000, help="passage vectors of the service's index")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--requests", type=int, default=40, help="requests per concurrent client")
+    ap.add_argument("--rounds", type=int, default=3, help="serial and concurrent runs, taking turns")
     ap.add_argument("--api", choices=("official", "corag"), default="official")
     ap.add_argument("--max-wait-ms", type=float, default=5.0, help="the service's longest coalescing wait")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads of the service process")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of the service process (the clients share the machine)",
+    )
     ap.add_argument("--dedup-questions", type=int, default=32)
     ap.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)  # the service process
     args = ap.parse_args()
