@@ -297,6 +297,25 @@ def warm_start(cfg: StudyConfig, warm: Path) -> None:
     partial.rename(warm)  # whole or absent
 
 
+def check_same_study(cfg: StudyConfig, path: Path) -> None:
+    """Record the settings a study folder's stages depend on, or refuse to resume one made with others
+    (its finished stages would be reused as they are). Only `evals` may change between runs."""
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "evals")}
+    if not path.exists():
+        path.write_text(json.dumps(settings, indent=2))
+        return
+    before = json.loads(path.read_text())
+    changed = sorted(k for k in settings.keys() | before.keys() if settings.get(k) != before.get(k))
+    if changed:
+        shown = ", ".join(f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
+        raise InputError(
+            f"this folder holds a study made with other settings ({shown}); choose another --out_dir "
+            "or remove it",
+            file=str(path),
+            field=changed[0],
+        )
+
+
 def run_study(cfg: StudyConfig) -> dict[str, Any]:
     """Run (or resume) every stage; return the summary that is also written to summary.json."""
     from corag.data.corpus import Corpus
@@ -308,6 +327,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    check_same_study(cfg, out / "study.json")
     timings: dict[str, float] = {}
     dtype = compute_dtype(cfg.dtype)
     world = generate_world(

@@ -13,7 +13,9 @@ from corag import quickstart
 from corag.config import load_yaml
 from corag.data.formats import load_multihopqa
 from corag.data.toyworld import generate_world, question
+from corag.errors import InputError
 from corag.toystudy import compute_dtype, judge_headroom
+from corag.warmstart import FRESH_SEED_MIN, fresh_seeds
 
 SMALL = [
     "--num_entities", "60", "--num_distractors", "15", "--train_per_hop", "8", "--test_per_hop", "2",
@@ -92,12 +94,17 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
     assert set(again["timings_s"]) == {"evaluate"}
     assert again["results"] == results
 
+    # Other settings in the same folder are refused (its finished stages would be reused as they are).
+    with pytest.raises(InputError, match=r"study\.json, field 'seed': .*seed: \d+ -> 7"):
+        quickstart.main(["--from-scratch", "--out_dir", str(out), *SMALL, "--seed", "7"])
+
 
 @pytest.mark.slow
 def test_quickstart_starts_from_the_shipped_warm_model(tmp_path):
     made = json.loads((quickstart.WARM / "warm_start.json").read_text())
     config = load_yaml(quickstart.CONFIG)
-    assert made["study_config"]["excluded_world_seed"] == config["seed"]  # the warm model never saw it
+    # The warm model trained on fresh worlds only, whose seeds lie far above any target world's.
+    assert config["seed"] < FRESH_SEED_MIN <= min(fresh_seeds(made["study_config"]["warm_seed"], 10_000))
     assert all(0.0 <= v <= 1.0 for v in made["heldout_accuracy"].values())
     out = tmp_path / "qs"
     small = [*SMALL, "--evals", "single_step=single_step@greedy:L=0", "corag_greedy=corag@greedy:L=2"]
