@@ -18,16 +18,19 @@ from corag import toystudy
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "toy" / "quickstart.yaml"
 WARM = REPO / "models" / "toy-warm"
+DESCRIPTION = (
+    "The whole CoRAG loop on one toy world from the shipped warm model (models/toy-warm); "
+    "--from-scratch warm-starts a model from nothing instead (into runs/quickstart-scratch)."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv or [])
-    scratch = "--from-scratch" in argv
-    if scratch:
+    if "--from-scratch" in argv:
         argv.remove("--from-scratch")
         argv = ["--out_dir", "runs/quickstart-scratch", *argv]
     elif "--warm_dir" not in argv:
         argv = ["--warm_dir", str(WARM), *argv]
     if "--config" not in argv:
         argv = ["--config", str(CONFIG), *argv]
-    return toystudy.main(argv)
+    return toystudy.main(argv, description=DESCRIPTION)

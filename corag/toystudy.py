@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from corag.config import parse_config
+from corag.data.jsonl import atomic_write
 from corag.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -302,7 +303,8 @@ def check_same_study(cfg: StudyConfig, path: Path) -> None:
     (its finished stages would be reused as they are). Only `evals` may change between runs."""
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "evals")}
     if not path.exists():
-        path.write_text(json.dumps(settings, indent=2))
+        with atomic_write(path) as f:
+            json.dump(settings, f, indent=2)
         return
     before = json.loads(path.read_text())
     changed = sorted(k for k in settings.keys() | before.keys() if settings.get(k) != before.get(k))
@@ -609,8 +611,8 @@ def evaluate_all(
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    cfg = parse_config(StudyConfig, argv, description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, description: str | None = None) -> int:
+    cfg = parse_config(StudyConfig, argv, description=description or __doc__.splitlines()[0])
     summary = run_study(cfg)
     print(json.dumps(summary["timings_s"]))
     if cfg.warm_only:
