@@ -1,40 +1,74 @@
-"""Stage configs: dataclasses read from a YAML file (`--config`) and overridable on the command line."""
+"""The one config system: dataclasses read from a YAML file (`--config`) and overridable by flags.
+
+Every command and recipe parses its settings with `parse_config`, in the style of trl's `TrlParser` and
+transformers' `HfArgumentParser` (which it extends): each field of each dataclass is a `--field_name`
+(or `--field-name`) flag; a YAML file given with `--config` supplies defaults for any of them, and a
+`base: other.yaml` key in it lays the file over another. A field whose metadata holds
+`positional=True` is a positional argument instead (`corag index CORPUS`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import yaml
+from transformers import HfArgumentParser
 
 from corag.errors import InputError
 
 T = TypeVar("T")
 
 
-def parse_config(cls: type[T], argv: list[str] | None, description: str = "") -> T:
-    """Build `cls` from `--config file.yaml` (if given) overridden by `--field value` flags.
+class ConfigParser(HfArgumentParser):
+    """HfArgumentParser whose fields may be positional (`metadata={"positional": True}`)."""
 
-    An unknown key in the YAML file is an InputError naming the file and the key; an unknown flag is
-    argparse's usual error.
+    @staticmethod
+    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+        if not field.metadata.get("positional"):
+            HfArgumentParser._parse_dataclass_field(parser, field)
+            return
+        optional = field.default is not dataclasses.MISSING
+        parser.add_argument(
+            field.name,
+            metavar=field.name.upper(),
+            help=field.metadata.get("help"),
+            nargs="?" if optional else None,
+            default=field.default if optional else None,
+        )
+
+
+@overload
+def parse_config(classes: type[T], argv: list[str] | None, description: str = "") -> T: ...
+@overload
+def parse_config(classes: tuple[type, ...], argv: list[str] | None, description: str = "") -> tuple: ...
+def parse_config(classes: Any, argv: list[str] | None, description: str = "") -> Any:
+    """Build `classes` (one dataclass, or a tuple of them) from `--config file.yaml` (if given)
+    overridden by flags; returns one instance, or a tuple in the order of `classes`.
+
+    A YAML key that names no field of any of the classes is an InputError naming the file and the key;
+    fields required on the command line are satisfied by the file; an unknown flag is argparse's usual
+    error.
     """
-    from transformers import HfArgumentParser
-
+    single = isinstance(classes, type)
+    classes = (classes,) if single else tuple(classes)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     known, rest = pre.parse_known_args(argv)
-    parser = HfArgumentParser(cls, description=description)
-    parser.add_argument("--config", help="YAML file of defaults; flags override it")
+    parser = ConfigParser(classes, description=description)
+    parser.add_argument("--config", help="YAML file of settings (keys: field names); flags override it")
     if known.config:
-        values = known_keys(known.config, {f.name for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+        values = known_keys(known.config, {f.name for cls in classes for f in dataclasses.fields(cls)})
         parser.set_defaults(**values)
-        # Fields required on the command line are satisfied by the file.
         for action in parser._actions:
             if action.dest in values:
                 action.required = False
-    return parser.parse_args_into_dataclasses(args=rest)[0]
+                if not action.option_strings:  # a positional the file supplies may be left out
+                    action.nargs = "?"
+    parsed = parser.parse_args_into_dataclasses(args=rest, look_for_args_file=False)
+    return parsed[0] if single else tuple(parsed[: len(classes)])  # the rest: the --config namespace
 
 
 def known_keys(path: str, names: set[str]) -> dict[str, Any]:
