@@ -245,7 +245,7 @@ def _query_vectors(index, n: int, seed: int) -> np.ndarray:
 
 
 def phase_dense_search(out: str) -> dict:
-    from corag.retrieval import read_manifest
+    from corag.retrieval.base import read_manifest
     from corag.retrieval.dense import ExactIndex, index_chunks
 
     before = rss_mb()
@@ -267,7 +267,7 @@ def phase_dense_search(out: str) -> dict:
 
 
 def phase_approx(out: str, kind: str, rows: int, params: dict) -> dict:
-    from corag.retrieval import read_manifest
+    from corag.retrieval.base import read_manifest
     from corag.retrieval.dense import ExactIndex, index_chunks
     from corag.retrieval.index import build_approx
 
@@ -286,7 +286,7 @@ def phase_subset(source_out: str, rows: int, dim: int) -> dict:
     import torch
 
     from corag.data.corpus import Corpus, prepare_corpus
-    from corag.retrieval import read_manifest
+    from corag.retrieval.base import read_manifest
     from corag.retrieval.dense import ExactIndex, index_chunks
     from corag.retrieval.index import import_embeddings
 

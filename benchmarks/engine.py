@@ -15,7 +15,7 @@ identical-request reuse on and off: the share of prompt tokens it saves (`dedup_
 whether the records are identical (`dedup_identical`).
 
 async: greedy decoding (L=3) of the same questions with the stepped executor and the asyncio one
-(corag.async_executor): questions/s (`async_speedup`) and identical predictions (`async_identical`).
+(corag.executor): questions/s (`async_speedup`) and identical predictions (`async_identical`).
 With `--backend hf` both run on the transformers backend; with `--backend vllm` (where vLLM is
 installed: tests/vllm/run.sh builds such an environment on CPU) the stepped executor drives vLLM's
 offline engine in lock-step waves and the asyncio one its asynchronous engine (`vllm-async`), whose
@@ -238,9 +238,8 @@ def bench_dedup(args: argparse.Namespace, setup: tuple) -> dict[str, Any]:
 
 def bench_async(args: argparse.Namespace, setup: tuple) -> dict[str, Any]:
     """Greedy decoding (L=3) of the same questions with the stepped and the asyncio executor."""
-    from corag.async_executor import AsyncExecutor
     from corag.decoding import STRATEGIES
-    from corag.executor import Executor
+    from corag.executor import AsyncExecutor, Executor
 
     retriever, corpus, world = setup["retriever"], setup["corpus"], setup["world"]
     loaded = setup["lms"]

@@ -36,9 +36,9 @@ from typing import Any  # noqa: E402
 from corag.data.corpus import Corpus, write_context_corpus  # noqa: E402
 from corag.data.formats import load_examples  # noqa: E402
 from corag.evaluation import Run, run_method, score_records, write_results  # noqa: E402
+from corag.lm.settings import EngineSettings  # noqa: E402
 from corag.models import convert_smollm2  # noqa: E402
 from corag.retrieval.dense import DenseRetriever, Encoder  # noqa: E402
-from corag.settings import EngineSettings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "hotpotqa" / "hotpot_dev_distractor_sample.json"

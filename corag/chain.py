@@ -18,11 +18,13 @@ from corag.errors import InputError
 from corag.executor import Context
 from corag.lm.base import LM, GenerationRequest, Message, ScoreRequest
 from corag.prompts import (
+    ANSWER_MAX_NEW_TOKENS,
     FINAL_NUM_DOCS,
     PENALTY_TARGET,
     STOP_NO,
     STOP_YES,
     SUBANSWER_NUM_DOCS,
+    SUBQUERY_MAX_NEW_TOKENS,
     final_answer_messages,
     parse_subquery,
     penalty_messages,
@@ -30,8 +32,44 @@ from corag.prompts import (
     subanswer_messages,
     subquery_messages,
 )
-from corag.settings import DEFAULT_LIMITS, GenerationLimits
 from corag.types import Example, Passage, Step, Usage
+
+
+@dataclass
+class GenerationLimits:
+    """New-token caps and stop strings of the three CoRAG calls (defaults: the release's 64/128/128,
+    no stop strings), and whether a sub-query is cut to its first line before it is searched.
+
+    The release cleans a sub-query (strip, quotes, `Intermediate query N:` label) and searches all of
+    it; its checkpoints write one line, so cutting at the first line changes nothing for them, while a
+    chat model that rambles on no longer sends paragraphs to the retriever. Hence on by default.
+    """
+
+    _argument_group_name = "generation limits (corag.chain)"
+
+    subquery_max_new_tokens: int = field(
+        default=SUBQUERY_MAX_NEW_TOKENS, metadata={"help": "new tokens of a sub-query"}
+    )
+    subanswer_max_new_tokens: int = field(
+        default=ANSWER_MAX_NEW_TOKENS, metadata={"help": "new tokens of a sub-answer"}
+    )
+    final_max_new_tokens: int = field(
+        default=ANSWER_MAX_NEW_TOKENS, metadata={"help": "new tokens of the final answer"}
+    )
+    subquery_stop: list[str] = field(default_factory=list, metadata={"help": "stop strings of sub-queries"})
+    subanswer_stop: list[str] = field(default_factory=list, metadata={"help": "stop strings of sub-answers"})
+    final_stop: list[str] = field(default_factory=list, metadata={"help": "stop strings of final answers"})
+    subquery_first_line: bool = field(
+        default=True, metadata={"help": "search only a sub-query's first non-empty line"}
+    )
+
+    def check(self) -> None:
+        for name in ("subquery_max_new_tokens", "subanswer_max_new_tokens", "final_max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
+
+
+DEFAULT_LIMITS = GenerationLimits()
 
 
 class CorpusLike(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, get_origin, overload
 
 import yaml
 from transformers import HfArgumentParser
@@ -30,13 +30,19 @@ class ConfigParser(HfArgumentParser):
         if not field.metadata.get("positional"):
             HfArgumentParser._parse_dataclass_field(parser, field)
             return
-        optional = field.default is not dataclasses.MISSING
+        optional = (
+            field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+        )
+        many = get_origin(field.type) is list  # SHARD...: one or more values
+        default = (
+            field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+        )
         parser.add_argument(
             field.name,
             metavar=field.name.upper(),
             help=field.metadata.get("help"),
-            nargs="?" if optional else None,
-            default=field.default if optional else None,
+            nargs=("*" if optional else "+") if many else ("?" if optional else None),
+            default=default if optional else None,
         )
 
 
@@ -66,7 +72,7 @@ def parse_config(classes: Any, argv: list[str] | None, description: str = "") ->
             if action.dest in values:
                 action.required = False
                 if not action.option_strings:  # a positional the file supplies may be left out
-                    action.nargs = "?"
+                    action.nargs = "*" if action.nargs == "+" else "?"
     parsed = parser.parse_args_into_dataclasses(args=rest, look_for_args_file=False)
     return parsed[0] if single else tuple(parsed[: len(classes)])  # the rest: the --config namespace
 
@@ -105,28 +111,3 @@ def _load_yaml(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     if base_path in seen:
         raise InputError("bases form a cycle", file=str(path), field="base")
     return {**_load_yaml(base_path, (*seen, path.resolve())), **values}
-
-
-def parse_args_with_config(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """Parse `argv` with an argparse `parser` whose defaults come from `--config file.yaml` (if given).
-
-    The YAML keys are the options' names with underscores (`out_dir`, `max_batch_tokens`); an unknown
-    key is an InputError naming the file and the key, and options required on the command line are
-    satisfied by the file.
-    """
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
-    known, _ = pre.parse_known_args(argv)
-    parser.add_argument("--config", help="YAML file of defaults (keys: option names with underscores)")
-    if known.config:
-        values = known_keys(
-            known.config, {a.dest for a in parser._actions if a.dest not in ("help", "config")}
-        )
-        parser.set_defaults(**values)
-        for action in parser._actions:
-            if action.dest in values:
-                action.required = False
-        for group in parser._mutually_exclusive_groups:
-            if any(a.dest in values for a in group._group_actions):
-                group.required = False
-    return parser.parse_args(argv)

@@ -13,26 +13,22 @@ rule (`--rules official`) or the CoRAG release's (`--rules corag`, the paper's n
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from corag.async_executor import EXECUTORS, add_executor_argument
-from corag.chain import FINAL_DOCS, DecodeResult, check_dataset_docs
-from corag.config import parse_args_with_config
-from corag.data.jsonl import JsonlAppender, atomic_write, input_file, iter_jsonl, write_jsonl
+from corag.chain import DecodeResult
+from corag.data.jsonl import JsonlAppender, atomic_write, input_file, iter_jsonl, recover_jsonl, write_jsonl
 from corag.errors import InputError
-from corag.kilt import passage_pages, read_page_ids, record_answer, warn_missing, write_kilt_submission
+from corag.executor import EXECUTORS
+from corag.kilt import passage_pages, record_answer, warn_missing
 from corag.metrics import (
     answer_scores,
     cover_em,
@@ -45,8 +41,7 @@ from corag.metrics import (
     reciprocal_rank_fusion,
 )
 from corag.scaling import plot_scaling, write_table
-from corag.settings import EngineSettings, GenerationLimits, add_arguments, pick
-from corag.tasks import RULES, get_task, split_from_path, task_description
+from corag.tasks import RULES, get_task, task_description
 from corag.types import Example
 
 RECALL_KS = (5, 10, 20)
@@ -120,6 +115,18 @@ def as_record(result: DecodeResult | dict[str, Any]) -> dict[str, Any]:
     return result.to_record() if isinstance(result, DecodeResult) else result
 
 
+def done_ids(path: Path) -> set[str]:
+    """Ids of the predictions already in `path` (none when it does not exist). A last line cut short
+    by a crash is removed, so that question is answered again."""
+    records, _ = recover_jsonl(path)
+    ids = set()
+    for line, record in enumerate(records, start=1):
+        if not isinstance(record, dict) or "query_id" not in record:
+            raise InputError("not a prediction record", file=str(path), line=line, field="query_id")
+        ids.add(str(record["query_id"]))
+    return ids
+
+
 def run_method(
     run: Run,
     examples: Sequence[Example],
@@ -134,13 +141,13 @@ def run_method(
     extra_kwargs: dict[str, Any] | None = None,
     executor: str = "stepped",
 ) -> list[dict[str, Any]]:
-    """Predict every question not yet in `out_path`, appending records as questions finish; `executor`
-    is "stepped" (corag.executor) or "async" (corag.async_executor)."""
+    """Predict every question not yet in `out_path`, appending records as questions finish (a re-run
+    resumes); `executor` is a name in corag.executor.EXECUTORS. Returns every question's record."""
     strategy = methods()[run.method]
     kwargs = {**(extra_kwargs or {}), **run.kwargs}
+    done = done_ids(out_path)
+    todo = [e for e in examples if e.id not in done]
     with JsonlAppender(out_path) as out:
-        done = {r.get("query_id") for r in out.existing}
-        todo = [e for e in examples if e.id not in done]
         runner = EXECUTORS[executor](lm, retriever, max_active=max_active)
         coros = (strategy(runner.context(budget), e, corpus=corpus, **kwargs) for e in todo)
         bar = tqdm(total=len(todo), desc=run.name, unit="q", disable=not progress, file=sys.stderr)
@@ -372,12 +379,6 @@ def folder_results(out_dir: Path) -> dict[str, dict[str, Any]]:
     return {name: summary for _, name, summary in found}
 
 
-def run_settings(args: argparse.Namespace, run: Run) -> dict[str, Any]:
-    """What made a run: its method and settings, and the command's options (paths as text)."""
-    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    return {"method": run.method, "method_settings": dict(run.kwargs), **options}
-
-
 # Official files ---------------------------------------------------------------------------------------
 
 
@@ -434,169 +435,18 @@ def write_official_files(
         "average_token_consumed_per_sample": scored["average_token_consumed_per_sample"],
     }
     metrics_path = folder / f"metrics_{task}_{split}_{strategy}.json"
-    _write_json(metrics_path, metrics)
+    write_json(metrics_path, metrics)
     return [preds, metrics_path]
 
 
-# Command line ---------------------------------------------------------------------------------------
-
-
-def _write_json(path: Path, value: Any) -> None:
+def write_json(path: Path, value: Any) -> None:
+    """`value` as indented JSON, written atomically."""
     with atomic_write(path) as fh:
         fh.write(json.dumps(value, indent=2) + "\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="corag evaluate", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--data",
-        required=True,
-        help="questions (HotpotQA, 2Wiki, MuSiQue, Bamboogle, KILT, multihopqa, JSONL)",
-    )
-    p.add_argument("--fmt", default=None, help="format of --data (told by its records' keys when not given)")
-    p.add_argument(
-        "--task", default=None, help="task of the questions (default: the records' own, else the file name's)"
-    )
-    p.add_argument("--aliases", default=None, help="2WikiMultihopQA id_aliases.json (aliases and demonyms)")
-    p.add_argument(
-        "--rules",
-        default="official",
-        choices=RULE_CHOICES,
-        help="answer scoring: each benchmark's official script (official), the CoRAG paper's SQuAD EM/F1 "
-        "everywhere (corag), or one rule for all",
-    )
-    p.add_argument(
-        "--split", default=None, help="split name for the official files (default: from the file name)"
-    )
-    p.add_argument("--out-dir", required=True, type=Path)
-    p.add_argument("--predictions", type=Path, help="score this prediction file (ours or official) instead")
-    p.add_argument(
-        "--require-all",
-        action="store_true",
-        help="refuse predictions missing questions (default: they count 0)",
-    )
-    p.add_argument("--model", help="checkpoint folder (or hub name)")
-    p.add_argument("--corpus", help="corpus file or folder")
-    p.add_argument("--retriever", help="index folder from `corag index`, or a service URL")
-    p.add_argument(
-        "--methods",
-        nargs="+",
-        default=["greedy:L=3"],
-        help="runs as method[:key=v1,v2]...; grids expand (e.g. best_of_n:L=2,4:N=2,4)",
-    )
-    p.add_argument(
-        "--final-docs",
-        default="auto",
-        choices=FINAL_DOCS,
-        help="CoRAG's final-answer documents: the data's context_doc_ids when it has them (auto, as the "
-        "official inference), always them (dataset), or a search of the question (retrieve)",
-    )
-    p.add_argument(
-        "--official-files",
-        action="store_true",
-        help="also write the official inference's preds_*/metrics_* files",
-    )
-    p.add_argument("--demonstrations", type=Path, help="IRCoT demonstrations JSONL (for ircot and baselines)")
-    p.add_argument("--budget", type=int, default=None, help="token budget per question")
-    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
-    p.add_argument("--max-active", type=int, default=64, help="questions in flight at once")
-    add_executor_argument(p)
-    p.add_argument(
-        "--page-ids",
-        type=Path,
-        help="KILT: JSON map of page title -> Wikipedia id (`corag kilt-pages` builds it)",
-    )
-    add_arguments(p, EngineSettings)
-    add_arguments(p, GenerationLimits)
-    return p
-
-
-def _page_lookup(corpus: Any | None, title_ids: dict[str, str] | None) -> PageLookup | None:
+def page_lookup(corpus: Any | None, title_ids: dict[str, str] | None) -> PageLookup | None:
+    """Doc ids -> KILT pages through the corpus's titles, when both are given."""
     if corpus is None or title_ids is None:
         return None
     return lambda doc_ids: passage_pages(corpus.get_many(doc_ids), title_ids)[0]
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args_with_config(build_parser(), argv)
-    engine, limits = pick(EngineSettings, args), pick(GenerationLimits, args)
-    engine.check()
-    limits.check()
-    from corag.data.corpus import Corpus
-    from corag.data.formats import load_examples
-    from corag.decoding.predict import question_options
-
-    loaded = load_examples(args.data, args.fmt, **question_options(args))
-    examples = loaded[: args.limit]
-    split = args.split or split_from_path(args.data) or "validation"
-    kilt = any(get_task(e.task).is_kilt for e in examples)
-    title_ids = read_page_ids(args.page_ids) if args.page_ids else None
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    if args.predictions:
-        corpus = Corpus.load(args.corpus) if args.corpus else None
-        records = read_predictions(
-            args.predictions, examples, require_all=args.require_all, known=(e.id for e in loaded)
-        )
-        summary = score_records(examples, records, args.rules, pages=_page_lookup(corpus, title_ids))
-        summary.update(eval_task=eval_task(examples), eval_split=split)
-        options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        summary.update(wall_seconds=round(time.perf_counter() - started, 3), settings=options)
-        _write_json(args.out_dir / "metrics.json", summary)
-        if kilt:
-            ids = [e.id for e in examples]
-            write_kilt_submission(args.out_dir / "kilt_submission.jsonl", ids, records, corpus, title_ids)
-        print(json.dumps(summary, indent=2))
-        print(f"metrics in {args.out_dir / 'metrics.json'}")
-        return 0
-    for name in ("model", "corpus", "retriever"):
-        if not getattr(args, name):
-            raise SystemExit(f"corag evaluate: --{name} is required unless --predictions is given")
-    runs = parse_runs(args.methods)
-    from corag.decoding import STRATEGIES
-    from corag.retrieval import load_retriever
-
-    corpus = Corpus.load(args.corpus)
-    if any(run.method in STRATEGIES for run in runs):
-        given = check_dataset_docs(examples, corpus, args.final_docs)
-        print(
-            f"final-answer documents: the data's context_doc_ids for {given} of {len(examples)} question(s)"
-        )
-    lm, retriever = engine.load(args.model), load_retriever(args.retriever)
-    extra: dict[str, Any] = {}
-    if args.demonstrations:
-        from corag.methods.demos import load_demonstrations
-
-        extra["demonstrations"] = load_demonstrations(args.demonstrations)
-    pages = _page_lookup(corpus, title_ids)
-    for run in runs:
-        run_started = time.perf_counter()
-        folder = args.out_dir / run.name.replace(":", "_").replace("=", "")
-        method_extra = extra if run.method in ("ircot", "one_step", "no_retrieval") else {}
-        if run.method in STRATEGIES:
-            method_extra = {"final_docs": args.final_docs, "limits": limits}
-        records = run_method(
-            run, examples, lm, retriever, corpus, folder / "predictions.jsonl",
-            budget=args.budget, max_active=args.max_active, extra_kwargs=method_extra, executor=args.executor,
-        )  # fmt: skip
-        summary = score_records(examples, records, args.rules, pages=pages)
-        summary.update(eval_task=eval_task(examples), eval_split=split)
-        if run.method in STRATEGIES:
-            strategy, length = official_strategy(run)
-            summary.update(decode_strategy=strategy, max_path_length=length)
-            if args.official_files:
-                write_official_files(folder, run, examples, records, split)
-        summary.update(
-            run=run.name,
-            wall_seconds=round(time.perf_counter() - run_started, 3),
-            finished_at=datetime.now(timezone.utc).isoformat(),
-            settings=run_settings(args, run),
-        )
-        _write_json(folder / "metrics.json", summary)
-        if kilt:
-            ids = [e.id for e in examples]
-            write_kilt_submission(folder / "kilt_submission.jsonl", ids, records, corpus, title_ids)
-    paths = write_results(folder_results(args.out_dir), args.out_dir)
-    print(paths["table"].read_text())
-    print(f"predictions and metrics in {args.out_dir}/<run>/; table {paths['table']}; plot {paths['plot']}")
-    return 0

@@ -178,7 +178,7 @@ def _prefix_scorer(config: ExamplesConfig) -> Any:
                 field="scorer_model",
             )
         if not scorer:
-            from corag.settings import EngineSettings
+            from corag.lm.settings import EngineSettings
 
             engine = EngineSettings(chat_template_kwargs=config.chat_template_kwargs)
             scorer.append(training.lm_prefix_scorer(engine.load(config.scorer_model)))

@@ -1,26 +1,33 @@
 """Runs many questions' strategies at once and batches their model calls and searches.
 
 A strategy is plain sequential code for ONE question: an `async def` that awaits
-`ctx.generate`, `ctx.score`, `ctx.search` and `ctx.gather`. It never sees batching. The executor
-drives all active strategies until each waits on a call, then sends every pending generation in one
-`lm.generate` batch, every pending scoring in one `lm.score` batch and every pending search in one
-`retriever.search` batch, and resumes the strategies with their results. No threads, no event loop:
-the coroutines are stepped by hand, so a run is deterministic.
+`ctx.generate`, `ctx.score`, `ctx.search` and `ctx.gather`. It never sees batching. Two executors
+run strategies, both sending their calls through one `Batcher`:
+
+- `Executor` (stepped): drives all active strategies until each waits on a call, then sends every
+  pending generation in one `lm.generate` batch, every pending scoring in one `lm.score` batch and
+  every pending search in one `retriever.search` batch, and resumes the strategies with their
+  results. No threads, no event loop: the coroutines are stepped by hand, so a run is deterministic.
+- `AsyncExecutor`: each question's strategy is an asyncio task. A call joins its kind's queue at
+  once; one worker per kind takes everything queued whenever it is free (a call never waits for a
+  wave, only for the batch in progress), the model's generations and scorings in one thread, searches
+  in another, so searches overlap generation. A backend with an asynchronous engine (`agenerate` and
+  `ascore`: `vllm-async`) is awaited instead, and its batches overlap: each is sent as soon as it
+  forms, and the engine merges it into the sequences it is already decoding.
 
 Identical requests are computed once (`dedup`, on by default): a generation that is greedy or
 seeded, or a scoring, that repeats one already sent in the same batch or in an earlier one is served
 from the first result (the same texts, log-probabilities and usage, so meters and budgets see what
 they would see without it); repeated queries in a search batch are searched once. Unseeded sampling
 is never reused. `dedup_stats` says how many prompt tokens this saved.
-
-The stepped waves leave the model idle while searches run, and each wave waits for its slowest call;
-corag.async_executor runs the same strategies as asyncio tasks instead (calls submitted as questions
-reach them, searches overlapping generation). This executor stays the stepped, deterministic one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import queue
+import threading
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -68,7 +75,7 @@ class Context:
         self.lm = lm
         self.retriever = retriever
         self.meter = meter or Meter()
-        self._submit = submit  # set by the asyncio executor (corag.async_executor); None: stepped
+        self._submit = submit  # set by the asyncio executor; None: stepped
 
     async def _call(self, op: _Op) -> Any:
         if self._submit is None:
@@ -116,8 +123,6 @@ class Context:
         if not coros:
             return []
         if self._submit is not None:
-            from corag.async_executor import gather_cancelling
-
             return await gather_cancelling(coros)
         return await _Suspend(_Gather(list(coros)))  # type: ignore[arg-type]
 
@@ -147,7 +152,7 @@ _Ready = deque[tuple[_Task, Any, "BaseException | None"]]
 
 
 @dataclass
-class _Plan:
+class Plan:
     """One batch of model calls after de-duplication: what is sent, and where each result comes from."""
 
     kind: str
@@ -155,6 +160,88 @@ class _Plan:
     sent: list[Any] = field(default_factory=list)
     first: dict[str, int] = field(default_factory=dict)  # request key -> position in `sent`
     repeats: list[tuple[int, int]] = field(default_factory=list)  # (payload index, position in `sent`)
+
+
+class Batcher:
+    """Sends batches of model calls and searches: each distinct request once (`dedup`), counting
+    backend calls (`batches`) and the prompt tokens reuse saved (`dedup_stats`). Both executors send
+    through it: the stepped one with `call_model`, the asynchronous one with `plan`, its engine, then
+    `settle`."""
+
+    def __init__(
+        self, lm: LM, retriever: Retriever | None = None, dedup: bool = True, cache_size: int = 65536
+    ) -> None:
+        self.lm, self.retriever = lm, retriever
+        self.batches: dict[str, int] = defaultdict(int)  # backend calls made, by kind
+        self.dedup, self.cache_size = dedup, cache_size
+        self._cache: OrderedDict[str, Any] = OrderedDict()  # request key -> first result (LRU)
+        # prompt tokens asked for by generations and scorings, and those served from earlier results
+        self.dedup_stats = {"prompt_tokens": 0, "saved_prompt_tokens": 0, "reused_calls": 0}
+
+    def call_model(self, kind: str, payloads: list[Any]) -> list[Any]:
+        """One batched `generate` or `score` call over the requests not already answered."""
+        call = self.lm.generate if kind == "generate" else self.lm.score
+        plan = self.plan(kind, payloads)
+        return self.settle(plan, call(plan.sent) if plan.sent else [])
+
+    def plan(self, kind: str, payloads: list[Any]) -> Plan:
+        """What to send of a batch: each distinct request not answered before, once (with `dedup`)."""
+        plan = Plan(kind, [None] * len(payloads))
+        if not self.dedup:
+            plan.sent = list(payloads)
+            plan.repeats = [(i, i) for i in range(len(payloads))]
+            return plan
+        for i, payload in enumerate(payloads):
+            key = _request_key(payload)
+            tokens = self._prompt_tokens(kind, payload)
+            self.dedup_stats["prompt_tokens"] += tokens
+            if key is not None and key in self._cache:
+                self._cache.move_to_end(key)
+                plan.results[i] = self._cache[key]
+            elif key is not None and key in plan.first:
+                plan.repeats.append((i, plan.first[key]))
+            else:
+                if key is not None:
+                    plan.first[key] = len(plan.sent)
+                plan.repeats.append((i, len(plan.sent)))
+                plan.sent.append(payload)
+                continue
+            self.dedup_stats["saved_prompt_tokens"] += tokens
+            self.dedup_stats["reused_calls"] += 1
+        return plan
+
+    def settle(self, plan: Plan, outputs: list[Any]) -> list[Any]:
+        """The batch's results from the outputs of what was sent; new results enter the cache."""
+        if plan.sent:
+            self.batches[plan.kind] += 1
+        for i, position in plan.repeats:
+            plan.results[i] = outputs[position]
+        if self.dedup:
+            for key, position in plan.first.items():
+                self._cache[key] = outputs[position]
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return plan.results
+
+    def _prompt_tokens(self, kind: str, payload: Any) -> int:
+        if kind == "generate":
+            return self.lm.count_prompt_tokens(payload.messages)
+        return self.lm.count_score_tokens(payload)
+
+    def search(self, payloads: list[tuple[str, int]]) -> list[list[Hit]]:
+        """One retriever call at the largest k asked (each distinct query once, with `dedup`); each
+        query keeps its own top-k."""
+        assert self.retriever is not None
+        self.batches["search"] += 1
+        k = max(k for _, k in payloads)
+        queries = [q for q, _ in payloads]
+        if self.dedup:
+            distinct = list(dict.fromkeys(queries))
+            found = dict(zip(distinct, self.retriever.search(distinct, k), strict=True))
+            hits = [found[q] for q in queries]
+        else:
+            hits = self.retriever.search(queries, k)
+        return [h[:kq] for (_, kq), h in zip(payloads, hits, strict=True)]
 
 
 class Executor:
@@ -174,14 +261,16 @@ class Executor:
     ) -> None:
         if max_active < 1:
             raise ValueError(f"max_active must be at least 1, got {max_active}")
-        self.lm = lm
-        self.retriever = retriever
-        self.max_active = max_active
-        self.batches: dict[str, int] = defaultdict(int)  # backend calls made, by kind
-        self.dedup, self.cache_size = dedup, cache_size
-        self._cache: OrderedDict[str, Any] = OrderedDict()  # request key -> first result (LRU)
-        # prompt tokens asked for by generations and scorings, and those served from earlier results
-        self.dedup_stats = {"prompt_tokens": 0, "saved_prompt_tokens": 0, "reused_calls": 0}
+        self.lm, self.retriever, self.max_active = lm, retriever, max_active
+        self.batcher = Batcher(lm, retriever, dedup=dedup, cache_size=cache_size)
+
+    @property
+    def batches(self) -> dict[str, int]:
+        return self.batcher.batches
+
+    @property
+    def dedup_stats(self) -> dict[str, int]:
+        return self.batcher.dedup_stats
 
     def context(self, budget: int | None = None) -> Context:
         """A fresh Context for one question, with its own meter and optional token budget."""
@@ -295,76 +384,11 @@ class Executor:
         for kind, items in by_kind.items():
             payloads = [op.payload for _, op in items]
             if kind == "search":
-                self.batches[kind] += 1
-                outputs: list[Any] = self._search(payloads)
+                outputs: list[Any] = self.batcher.search(payloads)
             else:
-                outputs = self._model_calls(kind, payloads)
+                outputs = self.batcher.call_model(kind, payloads)
             resumed.extend((task, out, None) for (task, _), out in zip(items, outputs, strict=True))
         return resumed
-
-    def _model_calls(self, kind: str, payloads: list[Any]) -> list[Any]:
-        """One batched `generate` or `score` call over the requests not already answered."""
-        call = self.lm.generate if kind == "generate" else self.lm.score
-        plan = self._plan(kind, payloads)
-        return self._settle(plan, call(plan.sent) if plan.sent else [])
-
-    def _plan(self, kind: str, payloads: list[Any]) -> _Plan:
-        """What to send of a batch: each distinct request not answered before, once (with `dedup`)."""
-        plan = _Plan(kind, [None] * len(payloads))
-        if not self.dedup:
-            plan.sent = list(payloads)
-            plan.repeats = [(i, i) for i in range(len(payloads))]
-            return plan
-        for i, payload in enumerate(payloads):
-            key = _request_key(payload)
-            tokens = self._prompt_tokens(kind, payload)
-            self.dedup_stats["prompt_tokens"] += tokens
-            if key is not None and key in self._cache:
-                self._cache.move_to_end(key)
-                plan.results[i] = self._cache[key]
-            elif key is not None and key in plan.first:
-                plan.repeats.append((i, plan.first[key]))
-            else:
-                if key is not None:
-                    plan.first[key] = len(plan.sent)
-                plan.repeats.append((i, len(plan.sent)))
-                plan.sent.append(payload)
-                continue
-            self.dedup_stats["saved_prompt_tokens"] += tokens
-            self.dedup_stats["reused_calls"] += 1
-        return plan
-
-    def _settle(self, plan: _Plan, outputs: list[Any]) -> list[Any]:
-        """The batch's results from the outputs of what was sent; new results enter the cache."""
-        if plan.sent:
-            self.batches[plan.kind] += 1
-        for i, position in plan.repeats:
-            plan.results[i] = outputs[position]
-        if self.dedup:
-            for key, position in plan.first.items():
-                self._cache[key] = outputs[position]
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return plan.results
-
-    def _prompt_tokens(self, kind: str, payload: Any) -> int:
-        if kind == "generate":
-            return self.lm.count_prompt_tokens(payload.messages)
-        return self.lm.count_score_tokens(payload)
-
-    def _search(self, payloads: list[tuple[str, int]]) -> list[list[Hit]]:
-        """One retriever call at the largest k asked (each distinct query once, with `dedup`); each
-        query keeps its own top-k."""
-        assert self.retriever is not None
-        k = max(k for _, k in payloads)
-        queries = [q for q, _ in payloads]
-        if self.dedup:
-            distinct = list(dict.fromkeys(queries))
-            found = dict(zip(distinct, self.retriever.search(distinct, k), strict=True))
-            hits = [found[q] for q in queries]
-        else:
-            hits = self.retriever.search(queries, k)
-        return [h[:kq] for (_, kq), h in zip(payloads, hits, strict=True)]
 
 
 def _request_key(request: GenerationRequest | ScoreRequest) -> str | None:
@@ -377,3 +401,196 @@ def _request_key(request: GenerationRequest | ScoreRequest) -> str | None:
     fields = [request.messages, request.max_new_tokens, request.n, request.stop]
     fields += [None, None] if greedy else [request.temperature, request.seed]
     return json.dumps(["generate", *fields], sort_keys=True, ensure_ascii=False)
+
+
+async def gather_cancelling(coros: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Run coroutines concurrently, results in argument order; the first failure (in argument order
+    among those that failed) cancels the others and is raised, as the stepped executor's gather does."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except asyncio.CancelledError:
+        for t in tasks:
+            t.cancel()
+        raise
+    failed = [t for t in tasks if t in done and not t.cancelled() and t.exception() is not None]
+    if failed:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        raise failed[0].exception()  # type: ignore[misc]
+    return [t.result() for t in tasks]
+
+
+class _Queue:
+    """Calls of one kind: everything queued goes as one batch. With `overlap` each batch is sent as soon
+    as it forms, beside the batches in flight (an asynchronous engine merges them); without, the next
+    batch waits for the one in flight."""
+
+    def __init__(self, call: Callable[[list[Any]], Awaitable[list[Any]]], overlap: bool = False) -> None:
+        self.call, self.overlap = call, overlap
+        self.pending: list[tuple[Any, asyncio.Future]] = []
+        self.busy = False
+        self.in_flight: set[asyncio.Task] = set()
+
+    def submit(self, payload: Any) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.pending.append((payload, future))
+        if not self.busy:
+            self.busy = True
+            loop.create_task(self._drain())
+        return future
+
+    async def _drain(self) -> None:
+        try:
+            while self.pending:
+                await asyncio.sleep(0)  # questions resumed in this turn of the loop join the batch
+                batch, self.pending = self.pending, []
+                if self.overlap:
+                    task = asyncio.create_task(self._send(batch))
+                    self.in_flight.add(task)  # held until done (the loop keeps only weak references)
+                    task.add_done_callback(self.in_flight.discard)
+                else:
+                    await self._send(batch)
+        finally:
+            self.busy = False
+
+    async def _send(self, batch: list[tuple[Any, asyncio.Future]]) -> None:
+        try:
+            outputs = await self.call([p for p, _ in batch])
+        except Exception as error:  # every caller of the batch sees it
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        for (_, future), output in zip(batch, outputs, strict=True):
+            if not future.done():  # a cancelled question leaves a cancelled future
+                future.set_result(output)
+
+
+class AsyncExecutor:
+    """Runs strategy coroutines as asyncio tasks with batched, overlapping backend calls.
+
+    Contexts must come from `context()` (they submit to this executor). `max_active` bounds the
+    questions in flight; `run` returns results in input order.
+    """
+
+    def __init__(
+        self, lm: LM, retriever: Retriever | None = None, max_active: int = 256, dedup: bool = True
+    ) -> None:
+        if max_active < 1:
+            raise ValueError(f"max_active must be at least 1, got {max_active}")
+        self.lm, self.retriever, self.max_active = lm, retriever, max_active
+        self.batcher = Batcher(lm, retriever, dedup=dedup)
+        self._model = threading.Lock()  # generations and scorings share the model: one batch at a time
+        self._queues: dict[str, _Queue] = {}
+
+    @property
+    def batches(self) -> dict[str, int]:
+        return self.batcher.batches
+
+    @property
+    def dedup_stats(self) -> dict[str, int]:
+        return self.batcher.dedup_stats
+
+    def context(self, budget: int | None = None) -> Context:
+        return Context(self.lm, self.retriever, Meter(budget=budget), submit=self._submit)
+
+    async def _submit(self, op: _Op) -> Any:
+        if op.kind == "search" and self.retriever is None:
+            raise RuntimeError("this strategy needs a retriever, but none was given")
+        return await self._queues[op.kind].submit(op.payload)
+
+    def _model_call(self, kind: str) -> Callable[[list[Any]], Awaitable[list[Any]]]:
+        engine = getattr(self.lm, "agenerate" if kind == "generate" else "ascore", None)
+        if engine is not None:  # an asynchronous engine: awaited here, batches overlap
+
+            async def submit(payloads: list[Any]) -> list[Any]:
+                plan = self.batcher.plan(kind, payloads)
+                return self.batcher.settle(plan, await engine(plan.sent) if plan.sent else [])
+
+            return submit
+
+        def call(payloads: list[Any]) -> list[Any]:
+            with self._model:
+                return self.batcher.call_model(kind, payloads)
+
+        return lambda payloads: asyncio.to_thread(call, payloads)
+
+    def run(self, coros: Iterable[Coroutine[Any, Any, Any]]) -> list[Any]:
+        """Run all coroutines to completion; results in input order."""
+        return asyncio.run(self._run(list(coros)))
+
+    def stream(self, coros: Iterable[Coroutine[Any, Any, Any]]) -> Iterator[tuple[int, Any]]:
+        """Yield (index, result) as each question finishes (the loop runs in a thread meanwhile);
+        a failure is raised here after the run has stopped."""
+        finished: queue.Queue = queue.Queue()
+        done = object()
+
+        def work() -> None:
+            try:
+                asyncio.run(self._run(list(coros), lambda i, r: finished.put((i, r))))
+                finished.put(done)
+            except BaseException as error:  # handed to the consuming thread
+                finished.put(error)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        while (item := finished.get()) is not done:
+            if isinstance(item, BaseException):
+                thread.join()
+                raise item
+            yield item
+        thread.join()
+
+    async def _run(
+        self, coros: list[Coroutine[Any, Any, Any]], on_result: Callable[[int, Any], None] | None = None
+    ) -> list[Any]:
+        overlap = hasattr(self.lm, "agenerate")
+        self._queues = {
+            "generate": _Queue(self._model_call("generate"), overlap),
+            "score": _Queue(self._model_call("score"), overlap),
+            "search": _Queue(lambda payloads: asyncio.to_thread(self.batcher.search, payloads)),
+        }
+        slots = asyncio.Semaphore(self.max_active)
+        results: list[Any] = [None] * len(coros)
+
+        async def one(index: int, coro: Coroutine[Any, Any, Any]) -> None:
+            try:
+                results[index] = await coro
+                if on_result is not None:
+                    on_result(index, results[index])
+            finally:
+                slots.release()
+
+        tasks = []
+        try:
+            for index, coro in enumerate(coros):
+                await slots.acquire()
+                task = asyncio.create_task(one(index, coro))
+                tasks.append(task)
+                failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+                if failed:
+                    raise failed[0].exception()  # type: ignore[misc]
+            await gather_cancelling(tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for coro in coros[len(tasks) :]:
+                coro.close()
+        return results
+
+
+EXECUTORS = {"stepped": Executor, "async": AsyncExecutor}  # the commands' --executor choices
+
+
+def in_order(results: Iterable[tuple[int, Any]]) -> Iterator[Any]:
+    """(index, result) pairs as they finish, yielded in index order as soon as each is next."""
+    waiting: dict[int, Any] = {}  # finished before a question ahead of them
+    following = 0
+    for index, result in results:
+        waiting[index] = result
+        while following in waiting:
+            yield waiting.pop(following)
+            following += 1

@@ -179,7 +179,7 @@ _LEADING_LABEL = re.compile(r"^Intermediate query \d+:\s*")
 
 def parse_subquery(text: str, first_line: bool = False) -> str:
     """Clean a generated sub-query: strip, drop surrounding quotes and a leading label (as the release
-    does); with `first_line`, first keep only its first non-empty line (corag.settings.GenerationLimits)."""
+    does); with `first_line`, first keep only its first non-empty line (corag.chain.GenerationLimits)."""
     text = text.strip()
     if first_line:
         text = text.split("\n", 1)[0].strip()

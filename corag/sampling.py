@@ -31,15 +31,20 @@ from typing import Any
 
 from tqdm import tqdm
 
-from corag.async_executor import EXECUTORS, in_order
-from corag.chain import CorpusLike, call_seed, next_subquery, scoring_request, subanswer
-from corag.config import parse_config
+from corag.chain import (
+    DEFAULT_LIMITS,
+    CorpusLike,
+    GenerationLimits,
+    call_seed,
+    next_subquery,
+    scoring_request,
+    subanswer,
+)
 from corag.data.jsonl import JsonlAppender, iter_jsonl, read_jsonl, write_jsonl
 from corag.errors import InputError
-from corag.executor import Context
+from corag.executor import EXECUTORS, Context, in_order
 from corag.metrics import exact_match, max_over_golds
 from corag.prompts import FINAL_NUM_DOCS, NO_INFO, final_answer_messages
-from corag.settings import DEFAULT_LIMITS, EngineSettings, GenerationLimits, chain_settings, pick
 from corag.tasks import task_description
 from corag.types import Example, Passage, Step
 
@@ -347,7 +352,7 @@ def run_sampling(
     `executor="stepped"` samples one block at a time as one batch and appends its records (whole lines,
     flushed and synced) when the block finishes; a block that a crash interrupted is sampled again in
     full, and only its missing records are written. `executor="async"` streams the unfinished blocks'
-    questions through corag.async_executor, `block_size` of them in flight, with no barrier between
+    questions through corag.executor, `block_size` of them in flight, with no barrier between
     blocks: each record is appended as soon as it and every question before it are done (question order
     kept), and a resumed run skips the written records as before. Batches then form by timing, so on a
     GPU the chains can differ from the stepped run's at the level of rounding.
@@ -449,135 +454,3 @@ def merge_shards(shard_files: Sequence[Path], examples: Sequence[Example], out: 
     if extra:
         raise InputError(f"{len(extra)} record(s) for unknown questions, first {extra[:5]}", field="query_id")
     return write_jsonl(out, (by_id[q] for q in wanted))
-
-
-# Command line ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class SamplingArguments(SamplingConfig, EngineSettings, GenerationLimits):
-    """`corag sample` / sampling/sample.py: one shard of a rejection-sampling run (engine settings and
-    generation limits: corag.settings)."""
-
-    model: str = field(default="", metadata={"help": "HF chat model folder or hub name (any chat model)"})
-    questions: str = field(default="", metadata={"help": "training questions (any supported format)"})
-    corpus: str = field(default="", metadata={"help": "corpus (.jsonl, .parquet, .arrow, datasets folder)"})
-    retriever: str = field(default="", metadata={"help": "index folder from `corag index`, or a service URL"})
-    out_dir: str = field(default="runs/chains", metadata={"help": "folder of shard files"})
-    fmt: str | None = field(default=None, metadata={"help": "questions format (detected when not given)"})
-    task: str | None = field(
-        default=None,
-        metadata={"help": "task of the questions (default: the records' own, else the file name's)"},
-    )
-    aliases: str | None = field(default=None, metadata={"help": "2WikiMultihopQA id_aliases.json"})
-    block_size: int = field(
-        default=64,
-        metadata={
-            "help": "questions sampled together; shards and resumes work in whole blocks, so the "
-            "output does not depend on either"
-        },
-    )
-    shard: int = 0
-    num_shards: int = 1
-    executor: str = field(
-        default="stepped",
-        metadata={
-            "help": "stepped: one block at a time as one batch (the same chains to the bit however the run "
-            "is sharded or resumed); async: questions stream through with block_size in flight and no "
-            "barrier between blocks (with the vllm-async backend, calls join the running batch)"
-        },
-    )
-    skip_invalid: bool = field(default=False, metadata={"help": "skip (and count) invalid questions"})
-    limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_config(SamplingArguments, argv, description=__doc__.splitlines()[0])
-    for name in ("model", "questions", "corpus", "retriever"):
-        if not getattr(args, name):
-            raise SystemExit(f"corag sample: --{name} is required")
-    if not 0 <= args.shard < args.num_shards:
-        raise SystemExit(
-            f"corag sample: need 0 <= --shard < --num-shards, got {args.shard}/{args.num_shards}"
-        )
-    args.check()
-    engine, limits = pick(EngineSettings, args), pick(GenerationLimits, args)
-    engine.check()
-    limits.check()
-    from corag.data.corpus import Corpus
-    from corag.data.formats import load_examples
-    from corag.retrieval import index_fingerprint, load_retriever
-
-    corpus = Corpus.load(args.corpus)
-    errors: list[InputError] = []
-    options = {"task": args.task, **({"aliases": args.aliases} if args.aliases else {})}
-    examples = load_examples(
-        args.questions, args.fmt, **options, **({"errors": errors} if args.skip_invalid else {})
-    )
-    questions_id = questions_fingerprint(examples)  # before --limit: a longer run resumes a shorter one
-    if args.limit is not None:
-        examples = examples[: args.limit]
-    examples, skipped = validate_questions(examples, corpus, args.questions, args.skip_invalid, errors)
-    if skipped:
-        print(f"skipped {sum(skipped.values())} invalid question(s): {dict(skipped)}", file=sys.stderr)
-    lm = engine.load(args.model)
-    retriever = load_retriever(args.retriever)
-    # The resume hash names what changes the chains, not where things live: a moved checkpoint,
-    # questions file, index folder or service URL resumes the same run.
-    index_id = (
-        retriever.fingerprint() if hasattr(retriever, "fingerprint") else index_fingerprint(args.retriever)
-    )
-    sampling = {f.name: getattr(args, f.name) for f in SamplingConfig.__dataclass_fields__.values()}
-    out_path = shard_path(Path(args.out_dir), args.shard, args.num_shards)
-    summary = run_sampling(
-        examples,
-        corpus,
-        lm,
-        retriever,
-        SamplingConfig(**sampling),
-        out_path,
-        hash_inputs={
-            "model": model_fingerprint(args.model),
-            "questions": questions_id,
-            "retriever": index_id,
-            **chain_settings(engine, limits),
-        },
-        limits=limits,
-        block_size=args.block_size,
-        shard=args.shard,
-        num_shards=args.num_shards,
-        executor=args.executor,
-    )
-    summary["skipped_invalid"] = dict(skipped)
-    print(json.dumps(summary, indent=2))
-    print(f"chains written to {out_path}")
-    return 0
-
-
-def merge_main(argv: list[str] | None = None) -> int:
-    """`corag merge --questions Q --out merged.jsonl SHARD...`: join shards, checking every id."""
-    import argparse
-
-    from corag.data.formats import load_examples
-
-    parser = argparse.ArgumentParser(prog="corag merge", description=merge_main.__doc__)
-    parser.add_argument("shards", nargs="+", type=Path)
-    parser.add_argument("--questions", required=True, help="the questions file the shards were sampled from")
-    parser.add_argument("--fmt", default=None)
-    parser.add_argument("--task", default=None, help="as given to `corag sample`")
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--skip-invalid", action="store_true", help="as given to `corag sample`")
-    parser.add_argument("--corpus", default=None, help="needed with --skip-invalid to re-check corpus ids")
-    args = parser.parse_args(argv)
-    examples = load_examples(
-        args.questions, args.fmt, task=args.task, **({"errors": []} if args.skip_invalid else {})
-    )
-    if args.skip_invalid:
-        from corag.data.corpus import Corpus
-
-        if args.corpus is None:
-            raise SystemExit("corag merge: --skip-invalid needs --corpus")
-        examples, _ = validate_questions(examples, Corpus.load(args.corpus), args.questions, True)
-    n = merge_shards(args.shards, examples, args.out)
-    print(f"merged {n} records from {len(args.shards)} shard(s) into {args.out}")
-    return 0

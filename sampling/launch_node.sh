@@ -6,6 +6,6 @@
 #   sampling/launch_node.sh CONFIG [--node-index I --num-nodes N] [--log-dir logs] [-- flags for corag sample]
 #
 # Shard names come from the config, not the hardware: resubmit anywhere and unfinished shards resume.
-# See `python -m corag.launch --help`.
+# See `python -m corag.commands.launch --help`.
 set -euo pipefail
-exec "${PYTHON:-python}" -m corag.launch "$@"
+exec "${PYTHON:-python}" -m corag.commands.launch "$@"

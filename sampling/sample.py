@@ -3,7 +3,7 @@
     python sampling/sample.py --config configs/sampling/toy.yaml [--key value ...]
     python sampling/sample.py --config configs/sampling/llama3.1-8b.yaml --shard 3 --num_shards 8
 
-Every option is a field of corag.sampling.SamplingArguments; `--help` lists them.
+Every option is a field of a config dataclass of corag.commands.sample; `--help` lists them.
 """
 
 import sys

@@ -27,5 +27,5 @@ node=$(( (task - first) / step ))
 cd "${SLURM_SUBMIT_DIR:-.}"
 log_dir=${CORAG_LOG_DIR:-logs}
 mkdir -p "$log_dir"
-exec "${PYTHON:-python}" -m corag.launch "$config" --node-index "$node" --num-nodes "$count" \
+exec "${PYTHON:-python}" -m corag.commands.launch "$config" --node-index "$node" --num-nodes "$count" \
   --log-dir "$log_dir" -- "$@"

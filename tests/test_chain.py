@@ -289,9 +289,9 @@ SHORT_PASSAGES = [
 def test_a_rambling_subquery_is_cut_to_its_first_line_before_search(smollm2_dir):
     """On the real checkpoint in bfloat16: the rambling call-A output is searched as its first line,
     and every call keeps the limits it was given."""
+    from corag.chain import GenerationLimits
     from corag.decoding import greedy
     from corag.lm.hf import HFLM
-    from corag.settings import GenerationLimits
     from corag.types import Example
 
     smol = HFLM(smollm2_dir, device="cpu", dtype="bfloat16")
@@ -314,7 +314,7 @@ def test_a_rambling_subquery_is_cut_to_its_first_line_before_search(smollm2_dir)
 
 
 def test_the_first_line_cut_can_be_turned_off_and_stop_strings_are_sent():
-    from corag.settings import GenerationLimits
+    from corag.chain import GenerationLimits
 
     lm = EchoLM(RAMBLING)
     limits = GenerationLimits(subquery_first_line=False, subquery_stop=["Intermediate answer"])

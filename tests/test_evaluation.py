@@ -17,10 +17,9 @@ from corag.evaluation import (
     read_predictions,
     run_method,
     score_records,
-    write_kilt_submission,
     write_results,
 )
-from corag.kilt import validate_submission
+from corag.kilt import validate_submission, write_kilt_submission
 from corag.lm import load_lm
 from corag.retrieval.bm25 import BM25Retriever
 from corag.types import Example

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from corag.chain import CorpusLike, DecodeResult, finish, open_question, safe_penalty
+from corag.chain import CorpusLike, DecodeResult, GenerationLimits, finish, open_question, safe_penalty
 from corag.decoding.greedy import check_max_steps, sample_chain
 from corag.errors import InputError
 from corag.executor import Context
 from corag.prompts import FINAL_NUM_DOCS
-from corag.settings import GenerationLimits
 from corag.types import Example
 
 SAMPLE_TEMPERATURE = 0.7

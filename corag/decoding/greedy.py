@@ -8,6 +8,7 @@ from corag.budget import BudgetExceeded
 from corag.chain import (
     CorpusLike,
     DecodeResult,
+    GenerationLimits,
     Question,
     call_seed,
     finish,
@@ -20,7 +21,6 @@ from corag.chain import (
 from corag.errors import InputError
 from corag.executor import Context
 from corag.prompts import FINAL_NUM_DOCS
-from corag.settings import GenerationLimits
 from corag.types import Example, Step
 
 RETRY_TEMPERATURE = 0.7

@@ -9,6 +9,7 @@ from corag.budget import BudgetExceeded
 from corag.chain import (
     CorpusLike,
     DecodeResult,
+    GenerationLimits,
     Question,
     call_seed,
     finish,
@@ -22,7 +23,6 @@ from corag.chain import (
 from corag.decoding.greedy import check_max_steps, sample_chain
 from corag.executor import Context
 from corag.prompts import FINAL_NUM_DOCS
-from corag.settings import GenerationLimits
 from corag.types import Example, Step
 
 SAMPLE_TEMPERATURE = 0.7

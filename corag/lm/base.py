@@ -14,6 +14,10 @@ from corag.types import Usage
 
 Message = dict[str, str]  # {"role": "user" | "assistant" | "system", "content": "..."}
 
+# The system turn of every call: the template's own ("default"), cut out ("none"), or a given text.
+SYSTEM_DEFAULT, SYSTEM_NONE = "default", "none"
+MAX_BATCH_TOKENS = 16384  # transformers backend: tokens per forward pass, unless told otherwise
+
 
 @dataclass(frozen=True)
 class GenerationRequest:

@@ -24,9 +24,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from corag.lm.base import Completion, GenerationRequest, Score, ScoreRequest
+from corag.lm.base import MAX_BATCH_TOKENS, SYSTEM_DEFAULT, Completion, GenerationRequest, Score, ScoreRequest
 from corag.lm.render import ChatRenderer, CountingLM
-from corag.settings import MAX_BATCH_TOKENS, SYSTEM_DEFAULT
 from corag.types import Usage
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

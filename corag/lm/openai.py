@@ -29,10 +29,9 @@ import httpx
 from transformers import AutoConfig, AutoTokenizer
 
 from corag.errors import InputError
-from corag.lm.base import Completion, GenerationRequest, Score, ScoreRequest
+from corag.lm.base import SYSTEM_DEFAULT, Completion, GenerationRequest, Score, ScoreRequest
 from corag.lm.hf import completion_text, context_error, sample_seed, stop_index
 from corag.lm.render import ChatRenderer, CountingLM
-from corag.settings import SYSTEM_DEFAULT
 from corag.types import Usage
 
 RETRIED = {408, 429, 500, 502, 503, 504}

@@ -3,7 +3,7 @@
 The template text already holds any begin-of-text token, so rendered text is tokenized without adding
 special tokens again. Scored targets are located by rendering with and without the assistant turn, so no
 model-specific token ids are needed anywhere. The system turn follows one setting for every call
-(corag.settings.EngineSettings.system_prompt): the template's default, none, or a given text.
+(corag.lm.settings.EngineSettings.system_prompt): the template's default, none, or a given text.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from corag.errors import InputError
-from corag.lm.base import Message, ScoreRequest
-from corag.settings import SYSTEM_DEFAULT, SYSTEM_NONE
+from corag.lm.base import SYSTEM_DEFAULT, SYSTEM_NONE, Message, ScoreRequest
 
 CACHE_SIZE = 65536
 PROBES = ("CoragProbeOne", "CoragProbeTwo", "CoragProbeThree")  # contents no template alters

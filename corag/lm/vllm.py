@@ -16,15 +16,14 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from corag.lm.base import Completion, GenerationRequest, Score, ScoreRequest
+from corag.lm.base import SYSTEM_DEFAULT, Completion, GenerationRequest, Score, ScoreRequest
 from corag.lm.hf import completion_text, context_error, sample_seed
 from corag.lm.render import ChatRenderer, CountingLM
-from corag.settings import SYSTEM_DEFAULT
 from corag.types import Usage
 
 
 class VLLMLM(CountingLM):
-    """A vLLM offline engine behind the LM protocol (engine arguments: corag.settings.EngineSettings).
+    """A vLLM offline engine behind the LM protocol (engine arguments: corag.lm.settings.EngineSettings).
 
     Each request's seed is mixed as in the transformers backend and handed to vLLM, which seeds sample
     `i` with seed + i. Greedy requests are decoded once and their text repeated `n` times.
@@ -174,7 +173,7 @@ class AsyncVLLMLM(VLLMLM):
     as it is submitted, so a question's next call never waits for other questions' calls.
 
     The engine lives on its own event loop in a background thread. `agenerate` and `ascore` await one
-    list of requests from any event loop (corag.async_executor submits each batch as it forms, without
+    list of requests from any event loop (corag.executor submits each batch as it forms, without
     waiting for the batches in flight); `generate` and `score` block, so the stepped executor works too.
     """
 

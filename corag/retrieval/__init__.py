@@ -10,23 +10,6 @@ from corag.errors import InputError
 from corag.retrieval.base import Retriever
 
 
-def read_manifest(folder: Path, kind: str) -> dict:
-    """The manifest of a finished index folder of the given kind, or an InputError saying what is wrong."""
-    path = Path(folder) / "manifest.json"
-    if not path.is_file():
-        raise InputError(
-            "no manifest.json: not an index folder (build one with `corag index`)", file=str(folder)
-        )
-    manifest = json.loads(path.read_text())
-    if manifest.get("kind") != kind:
-        raise InputError(
-            f"index kind is {manifest.get('kind')!r}, expected {kind!r}", file=str(path), field="kind"
-        )
-    if not manifest.get("complete"):
-        raise InputError("index build did not finish; re-run `corag index` to resume", file=str(path))
-    return manifest
-
-
 def index_fingerprint(source: str | Path) -> str:
     """What identifies an index wherever it lives: a hash of its folder's manifest (its kind, model,
     settings and corpus), or for a service URL the fingerprint its /health reports ("" if none)."""
@@ -64,4 +47,4 @@ def load_retriever(source: str | Path, device: str | None = None, **kwargs) -> R
     raise InputError(f"unknown index kind {kind!r}", file=str(manifest), field="kind")
 
 
-__all__ = ["Retriever", "index_fingerprint", "load_retriever", "read_manifest"]
+__all__ = ["Retriever", "index_fingerprint", "load_retriever"]

@@ -24,8 +24,7 @@ from tqdm.auto import tqdm
 
 from corag.data.jsonl import atomic_folder
 from corag.errors import InputError
-from corag.retrieval import read_manifest
-from corag.retrieval.base import RowIds
+from corag.retrieval.base import RowIds, read_manifest
 from corag.types import Hit, Passage
 
 _TOKEN = re.compile(r"\w+")

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from corag.errors import InputError
-from corag.retrieval import read_manifest
-from corag.retrieval.base import RowIds
+from corag.retrieval.base import RowIds, read_manifest
 from corag.types import Hit, Passage
 
 # name -> (model path or hub name, query prefix, passage prefix, query max tokens); "minilm" is the

@@ -388,7 +388,7 @@ def build_approx(
     that report. Without `recall_queries`, 200 corpus vectors serve as queries."""
     import faiss
 
-    from corag.retrieval import read_manifest
+    from corag.retrieval.base import read_manifest
     from corag.retrieval.dense import ApproxIndex, apply_search_settings
 
     out = Path(out)

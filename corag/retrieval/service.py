@@ -1,4 +1,4 @@
-"""`corag serve-retriever`: one index served over HTTP to many sampling or evaluation workers.
+"""The retrieval service (`corag serve-retriever`): one index served over HTTP to many workers.
 
 POST /search {"queries": [...], "k": int} -> {"hits": [[{"doc_id", "score"}, ...], ...]}
 POST /       {"query": str} -> [{"doc_id", "score"}, ...]   (the official CoRAG E5 server's API; its
@@ -15,11 +15,9 @@ CPU index, not for one that fills a GPU). The service binds to this machine only
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -279,59 +277,3 @@ def build_app(options: dict) -> FastAPI:
 def app_from_environment() -> FastAPI:
     """The app of one `--workers` process (uvicorn's factory), from the options the command set."""
     return build_app(json.loads(os.environ[OPTIONS_ENV]))
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="corag serve-retriever", description=__doc__.splitlines()[0])
-    ap.add_argument("index", help="index folder written by `corag index` (dense or bm25)")
-    ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default: this machine only)")
-    ap.add_argument(
-        "--allow-remote",
-        action="store_true",
-        help="allow a --host other than loopback (the service has no authentication)",
-    )
-    ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--device", default=None, help="query encoder device")
-    ap.add_argument(
-        "--approx", default=None, help="search this approximate index of a dense folder (e.g. ivf-pq)"
-    )
-    ap.add_argument("--max-queries", type=int, default=256, help="most queries in one request")
-    ap.add_argument("--max-k", type=int, default=1000)
-    ap.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    ap.add_argument("--max-batch", type=int, default=256, help="most queries coalesced into one search")
-    ap.add_argument(
-        "--max-wait-ms",
-        type=float,
-        default=5.0,
-        help="longest a batch waits for requests still being read (none: no wait)",
-    )
-    ap.add_argument("--official-k", type=int, default=5, help="top-k of the official API (POST /)")
-    ap.add_argument(
-        "--workers", type=int, default=1, help="processes behind the address (each loads the index)"
-    )
-    args = ap.parse_args(argv)
-    if args.host not in LOOPBACK and not args.allow_remote:
-        ap.error(f"--host {args.host} serves beyond this machine; add --allow-remote to mean it")
-    if args.host not in LOOPBACK:
-        print(
-            f"warning: serving on {args.host}:{args.port} without authentication; anyone who can reach "
-            "this port can query the index",
-            file=sys.stderr,
-        )
-    if not 1 <= args.official_k <= args.max_k:
-        ap.error(f"--official-k must be between 1 and --max-k ({args.max_k})")
-    options = {k: v for k, v in vars(args).items() if k not in ("host", "port", "allow_remote", "workers")}
-    print(f"serving {args.index} on http://{args.host}:{args.port} ({args.workers} worker(s))")
-    if args.workers > 1:
-        os.environ[OPTIONS_ENV] = json.dumps(options)
-        uvicorn.run(
-            "corag.retrieval.service:app_from_environment",
-            factory=True,
-            host=args.host,
-            port=args.port,
-            workers=args.workers,
-            log_level="info",
-        )
-    else:
-        uvicorn.run(build_app(options), host=args.host, port=args.port, log_level="info")
-    return 0

@@ -15,7 +15,7 @@ from corag.lm import load_lm
 from corag.lm.base import GenerationRequest, ScoreRequest
 from corag.lm.hf import HFLM
 from corag.lm.render import ChatRenderer
-from corag.settings import EngineSettings
+from corag.lm.settings import EngineSettings
 from corag.tinymodel import CHAT_TEMPLATE, build_tiny_model, save_tiny, train_tokenizer
 
 TEXTS = [

@@ -178,14 +178,14 @@ def test_predict_command_with_the_openai_backend_matches_hf(
 ):
     import json
 
-    from corag.decoding.predict import main
+    from corag.commands.predict import main
     from corag.retrieval.bm25 import build_bm25_folder
 
     _, urls = servers
     build_bm25_folder([toy_world.passages], tmp_path / "bm25")
     common = [
         "--model", str(short_model_dir), "--data", str(toy_dir / "test.jsonl"),
-        "--corpus", str(toy_dir / "corpus.jsonl"), "--index", str(tmp_path / "bm25"), "--limit", "3",
+        "--corpus", str(toy_dir / "corpus.jsonl"), "--retriever", str(tmp_path / "bm25"), "--limit", "3",
         "--strategy", "greedy", "--max-steps", "2",
     ]  # fmt: skip
     runs = {}

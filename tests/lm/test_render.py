@@ -142,8 +142,8 @@ SETTINGS = {
 def test_every_method_sends_every_call_with_the_given_system_prompt(
     toy_world, toy_dir: Path, short_model_dir: Path, tmp_path: Path
 ) -> None:
+    from corag.chain import GenerationLimits
     from corag.data.corpus import Corpus
-    from corag.settings import GenerationLimits
 
     corpus = Corpus.load(toy_dir / "corpus.jsonl", cache_dir=tmp_path / "cache")
     retriever = BM25Retriever.from_passages(toy_world.passages)

@@ -208,8 +208,7 @@ async def three_turns(ctx, messages: tuple[dict[str, str], ...]) -> list[str]:
 def test_the_asynchronous_engine_equals_the_offline_one(model_dir: Path, vllm_lm: VLLMLM) -> None:
     import asyncio
 
-    from corag.async_executor import AsyncExecutor
-    from corag.executor import Executor
+    from corag.executor import AsyncExecutor, Executor
     from corag.lm.vllm import AsyncVLLMLM
 
     lm = load_lm(model_dir, backend="vllm-async", dtype="float32", enforce_eager=True)

@@ -234,7 +234,7 @@ def test_client_reads_an_official_server(bm25, toy_world, capsys):
 
 
 def test_binding_beyond_loopback_needs_allow_remote(tmp_path, bm25, toy_world, capsys):
-    from corag.retrieval.service import main
+    from corag.commands.serve_retriever import main
 
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--host", "0.0.0.0"])

@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 import yaml
 
-from corag.config import parse_args_with_config, parse_config
+from corag.chain import GenerationLimits
+from corag.commands.common import chain_settings
+from corag.config import parse_config
 from corag.errors import InputError
 from corag.lm.hf import HFLM
-from corag.settings import EngineSettings, GenerationLimits, chain_settings, pick
+from corag.lm.settings import EngineSettings
 from corag.tinymodel import build_tiny_model, save_tiny
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 TEMPLATES = {  # template file, its special tokens, begin and end-of-turn tokens
     "qwen3": ("qwen3.jinja", ["<|im_start|>", "<|im_end|>"], None, "<|im_end|>"),
@@ -100,7 +102,7 @@ def command_argv(command: str, model: Path, toy_dir: Path, index: Path, out: Pat
     if command == "predict":
         return [
             "--model", str(model), "--data", str(toy_dir / "test.jsonl"), "--corpus", str(toy_dir / "corpus.jsonl"),
-            "--index", str(index), "--out", str(out / "pred.jsonl"), "--limit", "1", "--max-steps", "1",
+            "--retriever", str(index), "--out", str(out / "pred.jsonl"), "--limit", "1", "--max-steps", "1",
             "--device", "cpu", "--chat-template-kwargs", kwargs, *SMALL,
         ]  # fmt: skip
     if command == "evaluate":
@@ -118,10 +120,9 @@ def command_argv(command: str, model: Path, toy_dir: Path, index: Path, out: Pat
 
 
 def command_main(command: str) -> Any:
-    from corag import evaluation, sampling
-    from corag.decoding import predict
+    from corag.commands import evaluate, predict, sample
 
-    return {"predict": predict.main, "evaluate": evaluation.main, "sample": sampling.main}[command]
+    return {"predict": predict.main, "evaluate": evaluate.main, "sample": sample.main}[command]
 
 
 @pytest.mark.parametrize("command", ["predict", "evaluate", "sample"])
@@ -220,12 +221,12 @@ def test_every_command_passes_config_and_flags_to_vllm(
 
 
 def test_unknown_or_bad_settings_are_refused(tmp_path) -> None:
-    from corag.evaluation import build_parser
+    from corag.commands.evaluate import CONFIGS
 
     config = tmp_path / "bad.yaml"
     config.write_text("gpu_memory_fraction: 0.5\n")
     with pytest.raises(InputError, match="gpu_memory_fraction"):
-        parse_args_with_config(build_parser(), ["--config", str(config)])
+        parse_config(CONFIGS, ["--config", str(config)])
     with pytest.raises(InputError, match="chat_template_kwargs"):
         EngineSettings(chat_template_kwargs="{enable_thinking: no}")
     for bad in (
@@ -242,24 +243,23 @@ def test_unknown_or_bad_settings_are_refused(tmp_path) -> None:
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs" / "eval").glob("*.yaml")))
 def test_shipped_evaluation_configs_parse(path: Path) -> None:
-    from corag.evaluation import build_parser
+    from corag.commands.evaluate import CONFIGS
 
-    args = parse_args_with_config(build_parser(), ["--config", str(path)])
-    engine = pick(EngineSettings, args)
+    _, decoding, args, engine, _ = parse_config(CONFIGS, ["--config", str(path)])
     engine.check()
-    assert engine.backend == "vllm-async" and args.executor == "async" and args.model and args.methods
+    assert engine.backend == "vllm-async" and decoding.executor == "async" and decoding.model and args.methods
     if "qwen3" in path.name:
         assert engine.chat_template_kwargs == {"enable_thinking": False}
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs" / "sampling").glob("*.yaml")))
 def test_shipped_sampling_configs_parse(path: Path) -> None:
-    from corag.sampling import SamplingArguments
+    from corag.commands.sample import CONFIGS
 
-    args = parse_config(SamplingArguments, ["--config", str(path)])
-    pick(EngineSettings, args).check()
+    _, _, engine, _ = parse_config(CONFIGS, ["--config", str(path)])
+    engine.check()
     if "qwen3" in path.name:
-        assert args.chat_template_kwargs == {"enable_thinking": False}
+        assert engine.chat_template_kwargs == {"enable_thinking": False}
 
 
 def test_chain_settings_hold_only_what_differs_from_the_defaults() -> None:

@@ -1,35 +1,29 @@
-"""Engine settings and generation limits: how every command loads and drives its model, in one place.
+"""How a command loads and drives its model: the engine settings every backend takes, in one place.
 
 `EngineSettings` covers loading (backend, dtype, batch limits, vLLM engine arguments) and rendering
-(chat template variables, system prompt); `GenerationLimits` the per-call new-token caps and stop
-strings of the CoRAG calls. Commands read both from a YAML config and the command line: dataclass
-commands (`corag sample`) inherit the fields, argparse commands (`predict`, `evaluate`) add them with
-`add_arguments`.
+(chat template variables, system prompt). Commands take it as one of their config dataclasses
+(corag.config.parse_config), so its fields are flags and YAML keys of every command that loads a model.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
-import types
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 from corag.errors import InputError
-from corag.prompts import ANSWER_MAX_NEW_TOKENS, SUBQUERY_MAX_NEW_TOKENS
+from corag.lm import LM, load_lm
+from corag.lm.base import MAX_BATCH_TOKENS, SYSTEM_DEFAULT
 
 BACKENDS = ("hf", "vllm", "vllm-async", "openai")
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
-SYSTEM_DEFAULT, SYSTEM_NONE = "default", "none"
-MAX_BATCH_TOKENS = 16384  # transformers backend: tokens per forward pass, unless told otherwise
-
-T = TypeVar("T")
 
 
 @dataclass
 class EngineSettings:
     """How a command loads its model. hf: dtype, device, batch limits; vLLM: the engine arguments."""
+
+    _argument_group_name = "engine settings (corag.lm.settings)"
 
     backend: str = field(default="hf", metadata={"help": f"model backend, one of {BACKENDS}"})
     dtype: str = field(
@@ -128,100 +122,7 @@ class EngineSettings:
             **self.render_kwargs(),
         }
 
-    def load(self, model: str) -> Any:
+    def load(self, model: str) -> LM:
         """The LM of checkpoint `model` under these settings."""
-        from corag.lm import load_lm
-
         self.check()
         return load_lm(model, self.backend, **self.backend_kwargs())
-
-
-@dataclass
-class GenerationLimits:
-    """New-token caps and stop strings of the three CoRAG calls (defaults: the release's 64/128/128,
-    no stop strings), and whether a sub-query is cut to its first line before it is searched.
-
-    The release cleans a sub-query (strip, quotes, `Intermediate query N:` label) and searches all of
-    it; its checkpoints write one line, so cutting at the first line changes nothing for them, while a
-    chat model that rambles on no longer sends paragraphs to the retriever. Hence on by default.
-    """
-
-    subquery_max_new_tokens: int = field(
-        default=SUBQUERY_MAX_NEW_TOKENS, metadata={"help": "new tokens of a sub-query"}
-    )
-    subanswer_max_new_tokens: int = field(
-        default=ANSWER_MAX_NEW_TOKENS, metadata={"help": "new tokens of a sub-answer"}
-    )
-    final_max_new_tokens: int = field(
-        default=ANSWER_MAX_NEW_TOKENS, metadata={"help": "new tokens of the final answer"}
-    )
-    subquery_stop: list[str] = field(default_factory=list, metadata={"help": "stop strings of sub-queries"})
-    subanswer_stop: list[str] = field(default_factory=list, metadata={"help": "stop strings of sub-answers"})
-    final_stop: list[str] = field(default_factory=list, metadata={"help": "stop strings of final answers"})
-    subquery_first_line: bool = field(
-        default=True, metadata={"help": "search only a sub-query's first non-empty line"}
-    )
-
-    def check(self) -> None:
-        for name in ("subquery_max_new_tokens", "subanswer_max_new_tokens", "final_max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
-
-
-DEFAULT_LIMITS = GenerationLimits()
-
-
-def chain_settings(engine: EngineSettings, limits: GenerationLimits) -> dict[str, Any]:
-    """The settings here that change a run's outputs (rendering and limits), those not at their
-    defaults: what a resumable run adds to its config hash, so earlier runs keep theirs."""
-    values = {
-        "chat_template_kwargs": engine.chat_template_kwargs,
-        "system_prompt": engine.system_prompt,
-        **dataclasses.asdict(limits),
-    }
-    defaults = {
-        "chat_template_kwargs": None,
-        "system_prompt": SYSTEM_DEFAULT,
-        **dataclasses.asdict(DEFAULT_LIMITS),
-    }
-    return {k: v for k, v in values.items() if v != defaults[k]}
-
-
-def pick(cls: type[T], source: Any) -> T:
-    """An instance of dataclass `cls` from the same-named attributes of `source` (parsed arguments, or a
-    config dataclass that inherits the fields)."""
-    return cls(**{f.name: getattr(source, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add a `--field-name` flag for each field of dataclass `cls` (its default and help), so argparse
-    commands take the same settings as dataclass ones."""
-    group = parser.add_argument_group(f"{cls.__name__} (corag.settings)", (cls.__doc__ or "").split("\n")[0])
-    hints = get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        kind = _plain_type(hints[f.name])
-        help_ = f.metadata.get("help")
-        if kind is bool:
-            group.add_argument(
-                flag, dest=f.name, default=default, help=help_, action=argparse.BooleanOptionalAction
-            )
-        elif kind is list:
-            group.add_argument(flag, dest=f.name, default=default, help=help_, nargs="*")
-        else:
-            group.add_argument(flag, dest=f.name, default=default, help=help_, type=kind)
-
-
-def _plain_type(hint: Any) -> type:
-    """bool, list, int, float or str for a field's annotation (a dict is given as JSON text)."""
-    if get_origin(hint) in (Union, types.UnionType):
-        options = [a for a in get_args(hint) if a is not type(None)]
-        return (
-            str if dict in options or any(get_origin(a) is dict for a in options) else _plain_type(options[0])
-        )
-    if get_origin(hint) is list:
-        return list
-    return hint if hint in (bool, int, float) else str

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from corag.decoding.predict import main
+from corag.commands.predict import main
 from corag.errors import InputError
 
 OFFICIAL = ("query", "answers", "query_id", "context_doc_ids", "subqueries", "subanswers", "predictions")
@@ -25,7 +25,7 @@ def args(short_model_dir, toy_dir, bm25_dir, out, *extra):
     return [
         "--model", str(short_model_dir), "--backend", "hf", "--device", "cpu",
         "--data", str(toy_dir / "test.jsonl"), "--corpus", str(toy_dir / "corpus.jsonl"),
-        "--index", str(bm25_dir), "--out", str(out), "--limit", "4", *extra,
+        "--retriever", str(bm25_dir), "--out", str(out), "--limit", "4", *extra,
     ]  # fmt: skip
 
 
@@ -87,7 +87,7 @@ def test_predict_writes_records_and_resumes_without_loss_or_duplicates(
 )
 def test_bad_settings_fail_before_any_work(tmp_path, extra, field):
     out = tmp_path / "p.jsonl"
-    argv = ["--model", "m", "--data", "d", "--corpus", "c", "--index", "i", "--out", str(out), *extra]
+    argv = ["--model", "m", "--data", "d", "--corpus", "c", "--retriever", "i", "--out", str(out), *extra]
     with pytest.raises(InputError) as info:
         main(argv)
     assert info.value.field == field and not out.exists()

@@ -16,16 +16,16 @@ CPU. Each engine gets its devices as CUDA_VISIBLE_DEVICES, a subset of what the 
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from corag.config import load_yaml
+from corag.config import load_yaml, parse_config
 from corag.errors import InputError
 
 
@@ -81,29 +81,39 @@ def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+@dataclass
+class LaunchArgs:
+    config: str = field(
+        metadata={"positional": True, "help": "sampling config (YAML); its num_shards names the run's shards"}
+    )
+    node_index: int = field(default=0, metadata={"help": "this node's index in the run (from 0)"})
+    num_nodes: int = field(default=1, metadata={"help": "nodes that run this config together"})
+    num_shards: int | None = field(default=None, metadata={"help": "override the config's num_shards"})
+    tensor_parallel_size: int | None = field(
+        default=None, metadata={"help": "GPUs per engine (default: the config's)"}
+    )
+    log_dir: str = field(default="logs", metadata={"help": "one log file per shard (created when missing)"})
+    command: str = field(
+        default_factory=lambda: os.environ.get(
+            "CORAG_LAUNCH_COMMAND", f"{shlex.quote(sys.executable)} -m corag.cli sample"
+        ),
+        metadata={"help": "the program each shard runs (default: $CORAG_LAUNCH_COMMAND, else this Python's "
+        "`corag sample`)"},
+    )  # fmt: skip
+
+
+def _parse(argv: Sequence[str]) -> tuple[LaunchArgs, list[str]]:
     own, passed = _split(argv)
-    ap = argparse.ArgumentParser(prog="launch_node.sh", description=__doc__.splitlines()[0])
-    ap.add_argument("config", help="sampling config (YAML); its num_shards names the run's shards")
-    ap.add_argument("--node-index", type=int, default=0, help="this node's index in the run (from 0)")
-    ap.add_argument("--num-nodes", type=int, default=1, help="nodes that run this config together")
-    ap.add_argument("--num-shards", type=int, default=None, help="override the config's num_shards")
-    ap.add_argument(
-        "--tensor-parallel-size", type=int, default=None, help="GPUs per engine (default: the config's)"
-    )
-    ap.add_argument("--log-dir", default="logs", help="one log file per shard (created when missing)")
-    ap.add_argument(
-        "--command",
-        default=os.environ.get("CORAG_LAUNCH_COMMAND", f"{shlex.quote(sys.executable)} -m corag.cli sample"),
-        help="the program each shard runs (default: $CORAG_LAUNCH_COMMAND, else this Python's `corag sample`)",
-    )
-    args = ap.parse_args(own)
+    args = parse_config(LaunchArgs, own, __doc__.splitlines()[0])
     if not 0 <= args.node_index < args.num_nodes:
-        ap.error(f"need 0 <= --node-index < --num-nodes, got {args.node_index} and {args.num_nodes}")
+        raise InputError(
+            f"need 0 <= node index < --num-nodes, got {args.node_index} and {args.num_nodes}",
+            field="--node-index",
+        )
     return args, passed
 
 
-def _setting(args: argparse.Namespace, values: dict, name: str, default: int | None) -> int:
+def _setting(args: LaunchArgs, values: dict, name: str, default: int | None) -> int:
     given = getattr(args, name)
     value = given if given is not None else values.get(name, default)
     if value is None:
