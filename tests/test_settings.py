@@ -19,7 +19,7 @@ from corag.config import parse_args_with_config, parse_config
 from corag.errors import InputError
 from corag.lm.hf import HFLM
 from corag.settings import EngineSettings, GenerationLimits, chain_settings, pick
-from corag.tinymodel import build_tiny_model, save_tiny
+from corag.toy.tinymodel import build_tiny_model, save_tiny
 
 REPO = Path(__file__).resolve().parents[1]
 
