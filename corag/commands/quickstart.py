@@ -1,4 +1,4 @@
-"""`corag quickstart`: the whole loop on the toy world, on a CPU, in a few minutes (corag/toy/quickstart.py).
+"""`corag quickstart`: the whole loop on the toy world, on a CPU, in a few minutes (corag/toy/).
 
 `--from-scratch` warm-starts a model from nothing instead of starting from the shipped one, for minutes
 only (into runs/quickstart-scratch): the pipeline runs, but that model answers nothing. Any study

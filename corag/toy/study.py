@@ -136,7 +136,8 @@ class StudyConfig:
     )
     # Fine-tuning (CoRAG and the single-step baseline share the config and the number of steps).
     recipe: str = field(
-        default="recipes/sft.py", metadata={"help": "the SFT recipe, run in a subprocess (from the checkout)"}
+        default="recipes/sft.py",
+        metadata={"help": "the SFT recipe the fine-tunings run, a path from the working directory"},
     )
     sft_config: str = "configs/toy/sft.yaml"
     sft_epochs: float | None = field(
