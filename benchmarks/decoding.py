@@ -22,12 +22,12 @@ import torch
 
 from corag.chain import DecodeResult
 from corag.data.corpus import Corpus
-from corag.data.toyworld import generate_world, tokenizer_texts
 from corag.decoding import STRATEGIES
 from corag.executor import Executor
 from corag.lm import load_lm
 from corag.retrieval.bm25 import BM25Retriever
-from corag.tinymodel import build_tiny_model, save_tiny, teach_turn_ends, train_tokenizer
+from corag.toy.tinymodel import build_tiny_model, save_tiny, teach_turn_ends, train_tokenizer
+from corag.toy.world import generate_world, tokenizer_texts
 
 
 def timed(lm: Any, retriever: Any, corpus: Corpus, questions: list, name: str, max_active: int, **kw: Any):

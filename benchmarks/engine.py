@@ -172,9 +172,9 @@ def toy_setup(vllm: bool) -> dict[str, Any]:
     import torch
 
     from corag.data.corpus import Corpus
-    from corag.data.toyworld import generate_world, tokenizer_texts
     from corag.lm import load_lm
-    from corag.tinymodel import build_tiny_model, save_tiny, teach_turn_ends, train_tokenizer
+    from corag.toy.tinymodel import build_tiny_model, save_tiny, teach_turn_ends, train_tokenizer
+    from corag.toy.world import generate_world, tokenizer_texts
 
     torch.set_num_threads(1)
     world = generate_world(seed=0, num_entities=120, num_distractors=30, train_per_hop=10, test_per_hop=20)

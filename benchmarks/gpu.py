@@ -67,11 +67,11 @@ def random_llama(tokenizer: Any, sizes: dict, device: str) -> Any:
 
 def bench_decoding(model: Any, tokenizer: Any, args: argparse.Namespace) -> dict:
     from corag.data.corpus import Corpus
-    from corag.data.toyworld import generate_world
     from corag.decoding import STRATEGIES
     from corag.executor import Executor
     from corag.lm.hf import HFLM
     from corag.retrieval.bm25 import BM25Retriever
+    from corag.toy.world import generate_world
 
     world = generate_world(seed=0, num_entities=160, num_distractors=40, train_per_hop=10, test_per_hop=30)
     folder = Path(tempfile.mkdtemp(prefix="corag-gpu-"))
@@ -214,8 +214,8 @@ def main() -> None:
         args.block_rows, args.seq_len, args.micro_batch, args.train_steps = 8192, 128, 2, 1
     print(f"device {device}: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}", flush=True)
 
-    from corag.data.toyworld import generate_world, tokenizer_texts
-    from corag.tinymodel import train_tokenizer
+    from corag.toy.tinymodel import train_tokenizer
+    from corag.toy.world import generate_world, tokenizer_texts
 
     tokenizer = train_tokenizer(tokenizer_texts(generate_world(seed=0, num_entities=160, num_distractors=40)))
     parts = set(args.parts.split(","))

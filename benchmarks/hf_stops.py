@@ -17,7 +17,7 @@ import torch
 
 from corag.lm.base import GenerationRequest
 from corag.lm.hf import HFLM
-from corag.tinymodel import build_tiny_model, train_tokenizer
+from corag.toy.tinymodel import build_tiny_model, train_tokenizer
 
 TEXTS = [f"The director of film {i} is person {i * 7 % 13}, born in city {i % 5}." for i in range(200)]
 

@@ -21,12 +21,12 @@ from typing import Any
 import torch
 
 from corag.data.corpus import Corpus
-from corag.data.toyworld import generate_world, tokenizer_texts
 from corag.lm import load_lm
 from corag.lm.base import WrappedLM
 from corag.retrieval.bm25 import BM25Retriever
 from corag.sampling import SamplingConfig, run_sampling
-from corag.tinymodel import build_tiny_model, save_tiny, teach_turn_ends, train_tokenizer
+from corag.toy.tinymodel import build_tiny_model, save_tiny, teach_turn_ends, train_tokenizer
+from corag.toy.world import generate_world, tokenizer_texts
 
 
 class TimedLM(WrappedLM):

@@ -12,7 +12,7 @@ diagnosis) and how well best-of-4's penalty picked among its chains; the last li
 
     python benchmarks/toyworld.py [--config STUDY.yaml] [--seeds 0 1 2] [--jobs 3] [--out runs/toyworld]
 
-Without --config the study runs at corag.toystudy.StudyConfig's defaults (the full size). A rerun
+Without --config the study runs at corag.toy.study.StudyConfig's defaults (the full size). A rerun
 resumes: finished stages are skipped.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from corag.config import load_yaml
 from corag.scaling import pareto_frontier, plot_scaling
-from corag.toystudy import JUDGE_COUNTS, StudyConfig, compute_dtype, warm_start
+from corag.toy.study import JUDGE_COUNTS, StudyConfig, compute_dtype, warm_start
 
 METHODS = [
     "no_retrieval",
@@ -110,7 +110,7 @@ def call_accuracy_3hop(summaries: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def judge_3hop(per_seed: list[dict], label: str = "corag_best_of_4") -> dict[str, float]:
-    """Best-of-4's judge on 3-hop questions, counts summed over seeds (corag.toystudy.judge_headroom)."""
+    """Best-of-4's judge on 3-hop questions, counts summed over seeds (corag.toy.study.judge_headroom)."""
     judged = [r[label]["judge"]["3"] for r in per_seed if "3" in r.get(label, {}).get("judge", {})]
     if not judged:
         return {}

@@ -36,9 +36,9 @@ from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from corag import training  # noqa: E402
 from corag.data.corpus import Corpus  # noqa: E402
-from corag.data.toyworld import generate_world, tokenizer_texts  # noqa: E402
 from corag.retrieval.bm25 import BM25Retriever  # noqa: E402
-from corag.tinymodel import build_tiny_model, train_tokenizer  # noqa: E402
+from corag.toy.tinymodel import build_tiny_model, train_tokenizer  # noqa: E402
+from corag.toy.world import generate_world, tokenizer_texts  # noqa: E402
 from corag.types import Step  # noqa: E402
 
 

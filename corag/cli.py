@@ -15,8 +15,8 @@ from corag.errors import InputError
 
 # command -> "module:function"; each function takes argv (list[str]) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "quickstart": ("corag.quickstart:main", "build, sample, train and evaluate on the toy world"),
-    "toyworld": ("corag.data.toyworld:main", "write a toy world (corpus and questions) to a folder"),
+    "quickstart": ("corag.commands.quickstart:main", "build, sample, train and evaluate on the toy world"),
+    "toyworld": ("corag.commands.toyworld:main", "write a toy world (corpus and questions) to a folder"),
     "corpus": ("corag.data.corpus:main", "prepare a corpus store once (JSONL, parquet, datasets folder)"),
     "models": ("corag.models:main", "convert the packaged SmolLM2-135M-Instruct into a checkpoint folder"),
     "index": ("corag.retrieval.index:main", "dense (encoded, sharded or imported) or BM25 index of a corpus"),
@@ -29,8 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kilt-score": ("corag.kilt:main", "validate and score a KILT submission file"),
     "kilt-pages": ("corag.kilt:pages_main", "map page titles to Wikipedia ids (KILT knowledge source)"),
     "demos": ("corag.methods.demos:main", "build IRCoT demonstrations (MuSiQue or toy world)"),
-    "warmstart": ("corag.warmstart:main", "write warm-start examples from fresh toy worlds"),
-    "toystudy": ("corag.toystudy:main", "the full toy-world study (see benchmarks/toyworld.py)"),
+    "warmstart": ("corag.commands.warmstart:main", "write warm-start examples from fresh toy worlds"),
+    "toystudy": ("corag.commands.toystudy:main", "the full toy-world study (see benchmarks/toyworld.py)"),
 }
 
 DEBUG_ENV = "CORAG_DEBUG"

@@ -363,7 +363,7 @@ def _stop_scores(
 
 
 def load_example_file(path: str | Path) -> list[dict[str, Any]]:
-    """Prebuilt examples (prompt/completion JSONL, as `build_examples` or corag.warmstart write them),
+    """Prebuilt examples (prompt/completion JSONL, as `build_examples` or corag.toy.warmstart write them),
     checked: an InputError names the line and field of a malformed one."""
     from corag.data.jsonl import iter_jsonl
 

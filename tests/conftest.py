@@ -46,7 +46,7 @@ TOY_SIZES = dict(num_entities=80, num_distractors=20, train_per_hop=30, test_per
 @pytest.fixture(scope="session")
 def toy_world():
     """A small toy world (seed 0): about 100 passages, 90 train and 30 held-out test questions."""
-    from corag.data.toyworld import generate_world
+    from corag.toy.world import generate_world
 
     return generate_world(seed=0, **TOY_SIZES)
 
@@ -61,8 +61,8 @@ def toy_dir(toy_world, tmp_path_factory) -> Path:
 def tiny_tokenizer(toy_world):
     """A byte-level BPE tokenizer trained on the name pool, the world and the CoRAG prompts; every
     name-word of the shared pool is one token, so it covers any toy world."""
-    from corag.data.toyworld import name_pool, tokenizer_texts
-    from corag.tinymodel import train_tokenizer
+    from corag.toy.tinymodel import train_tokenizer
+    from corag.toy.world import name_pool, tokenizer_texts
 
     return train_tokenizer(tokenizer_texts(toy_world), words=name_pool())
 
@@ -70,7 +70,7 @@ def tiny_tokenizer(toy_world):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny_tokenizer, tmp_path_factory) -> Path:
     """A randomly initialised tiny Llama and its tokenizer, saved to a folder Auto* classes load."""
-    from corag.tinymodel import build_tiny_model, save_tiny
+    from corag.toy.tinymodel import build_tiny_model, save_tiny
 
     model = build_tiny_model(tiny_tokenizer, seed=0)
     return save_tiny(tmp_path_factory.mktemp("tiny-llama"), model, tiny_tokenizer)
@@ -82,7 +82,7 @@ def short_model_dir(tiny_model_dir, toy_world, tmp_path_factory) -> Path:
     generation-heavy tests stay fast (a random model runs every generation to its length limit)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from corag.tinymodel import save_tiny, teach_turn_ends
+    from corag.toy.tinymodel import save_tiny, teach_turn_ends
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -16,7 +16,7 @@ from corag import prompts, training
 from corag.data.jsonl import write_jsonl
 from corag.errors import InputError
 from corag.retrieval.bm25 import BM25Retriever
-from corag.tinymodel import build_tiny_model
+from corag.toy.tinymodel import build_tiny_model
 
 # Chat templates with the structure of the real Llama-3.1 and Qwen3 ones (system block with dates, trimmed
 # content and <|eot_id|>; ChatML with an empty think block in the last assistant turn and a newline after
@@ -158,7 +158,7 @@ def chains(toy_world):
 
 @pytest.fixture(scope="module")
 def family_tokenizers(toy_world, tiny_tokenizer) -> dict[str, PreTrainedTokenizerFast]:
-    from corag.data.toyworld import tokenizer_texts
+    from corag.toy.world import tokenizer_texts
 
     texts = list(tokenizer_texts(toy_world))
     return {

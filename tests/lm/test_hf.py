@@ -16,7 +16,7 @@ from corag.lm.base import GenerationRequest, ScoreRequest
 from corag.lm.hf import HFLM
 from corag.lm.render import ChatRenderer
 from corag.lm.settings import EngineSettings
-from corag.tinymodel import CHAT_TEMPLATE, build_tiny_model, save_tiny, train_tokenizer
+from corag.toy.tinymodel import CHAT_TEMPLATE, build_tiny_model, save_tiny, train_tokenizer
 
 TEXTS = [
     f"The director of film {i} is person {i * 7 % 13}, who was born in city {i % 5} of country {i % 3}."

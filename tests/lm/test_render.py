@@ -20,7 +20,7 @@ from corag.methods import METHODS
 from corag.methods.demos import demos_from_examples
 from corag.prompts import subanswer_messages, subquery_messages
 from corag.retrieval.bm25 import BM25Retriever
-from corag.tinymodel import train_tokenizer
+from corag.toy.tinymodel import train_tokenizer
 from corag.types import Passage, Step
 
 SMOL_DEFAULT = (

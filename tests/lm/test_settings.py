@@ -21,7 +21,7 @@ from corag.config import parse_config
 from corag.errors import InputError
 from corag.lm.hf import HFLM
 from corag.lm.settings import EngineSettings
-from corag.tinymodel import build_tiny_model, save_tiny
+from corag.toy.tinymodel import build_tiny_model, save_tiny
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ from corag.lm import load_lm  # noqa: E402
 from corag.lm.base import GenerationRequest, ScoreRequest  # noqa: E402
 from corag.lm.hf import HFLM  # noqa: E402
 from corag.lm.vllm import VLLMLM  # noqa: E402
-from corag.tinymodel import build_tiny_model, save_tiny, train_tokenizer  # noqa: E402
+from corag.toy.tinymodel import build_tiny_model, save_tiny, train_tokenizer  # noqa: E402
 
 TEXTS = [
     f"The director of film {i} is person {i * 7 % 13}, who was born in city {i % 5} of country {i % 3}."

@@ -37,7 +37,7 @@ def encoder():
 @pytest.fixture(scope="module")
 def corpus_file(tmp_path_factory):
     """A larger toy world's corpus (a few hundred passages), so a build has many small chunks."""
-    from corag.data.toyworld import generate_world
+    from corag.toy.world import generate_world
 
     world = generate_world(seed=1, num_entities=120, num_distractors=20, train_per_hop=1, test_per_hop=1)
     path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"

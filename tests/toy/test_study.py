@@ -9,13 +9,14 @@ import json
 import pytest
 import torch
 
-from corag import quickstart
+from corag.commands import quickstart, toystudy
 from corag.config import load_yaml
 from corag.data.formats import load_multihopqa
-from corag.data.toyworld import generate_world, question
 from corag.errors import InputError
-from corag.toystudy import compute_dtype, judge_headroom
-from corag.warmstart import FRESH_SEED_MIN, fresh_seeds
+from corag.toy.quickstart import CONFIG, WARM
+from corag.toy.study import compute_dtype, judge_headroom
+from corag.toy.warmstart import FRESH_SEED_MIN, fresh_seeds
+from corag.toy.world import generate_world, question
 
 SMALL = [
     "--num_entities", "60", "--num_distractors", "15", "--train_per_hop", "8", "--test_per_hop", "2",
@@ -101,8 +102,8 @@ def test_quickstart_runs_every_stage_at_a_reduced_size(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_quickstart_starts_from_the_shipped_warm_model(tmp_path):
-    made = json.loads((quickstart.WARM / "warm_start.json").read_text())
-    config = load_yaml(quickstart.CONFIG)
+    made = json.loads((WARM / "warm_start.json").read_text())
+    config = load_yaml(CONFIG)
     # The warm model trained on fresh worlds only, whose seeds lie far above any target world's.
     assert config["seed"] < FRESH_SEED_MIN <= min(fresh_seeds(made["study_config"]["warm_seed"], 10_000))
     assert all(0.0 <= v <= 1.0 for v in made["heldout_accuracy"].values())
@@ -110,15 +111,13 @@ def test_quickstart_starts_from_the_shipped_warm_model(tmp_path):
     small = [*SMALL, "--evals", "single_step=single_step@greedy:L=0", "corag_greedy=corag@greedy:L=2"]
     assert quickstart.main(["--out_dir", str(out), *small]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert "warm-start" not in summary["timings_s"] and summary["config"]["warm_dir"] == str(quickstart.WARM)
+    assert "warm-start" not in summary["timings_s"] and summary["config"]["warm_dir"] == str(WARM)
     assert set(summary["results"]) == {"single_step", "corag_greedy"}
 
 
 def test_warm_only_trains_a_warm_model_to_reuse_and_records_what_made_it(tmp_path):
-    from corag import toystudy
-
     warm, out = tmp_path / "warm", tmp_path / "study"
-    args = ["--config", str(quickstart.CONFIG), "--out_dir", str(out), *SMALL]
+    args = ["--config", str(CONFIG), "--out_dir", str(out), *SMALL]
     assert toystudy.main([*args, "--seed", "5", "--warm_only", "true", "--warm_dir", str(warm)]) == 0
     assert (warm / "model.safetensors").is_file() and not (out / "index").exists()  # stopped there
     made = json.loads((warm / "warm_start.json").read_text())
@@ -157,7 +156,7 @@ def test_an_out_of_range_setting_is_one_clear_error_naming_its_field(tmp_path, f
 
 def test_compiling_without_a_cpp_compiler_is_one_clear_error(monkeypatch):
     from corag.errors import InputError
-    from corag.toystudy import StudyConfig
+    from corag.toy.study import StudyConfig
 
     monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(InputError, match="warm_compile.*C\\+\\+ compiler"):
@@ -197,10 +196,3 @@ def test_judge_headroom_scores_the_penalty_against_a_perfect_and_a_link_checking
     assert judged["3"] == {
         "questions": 2, "greedy": 1, "any": 2, "penalty": 1, "link_check": 2, "pairs": 3, "right_first": 0.667
     }  # fmt: skip
-
-
-def test_quickstart_help_lists_every_setting(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        quickstart.main(["--help"])
-    out = capsys.readouterr().out
-    assert exit_.value.code == 0 and "--warm_compile" in out and "14 percent" in out

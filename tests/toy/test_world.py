@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corag.data.toyworld import RELATIONS, generate_world, main, name_pool, phrasing_texts, tokenizer_texts
+from corag.toy.world import RELATIONS, generate_world, name_pool, phrasing_texts, tokenizer_texts
 
 SIZES = dict(num_entities=80, num_distractors=20, train_per_hop=30, test_per_hop=10)
 
@@ -35,7 +35,7 @@ def test_same_seed_writes_identical_bytes_and_another_seed_differs(tmp_path):
 def test_world_does_not_depend_on_the_process_hash_seed(tmp_path):
     # String hashing differs per process; nothing in the world may depend on set or hash order.
     script = (
-        "import sys; from corag.data.toyworld import generate_world; "
+        "import sys; from corag.toy.world import generate_world; "
         "generate_world(seed=7, num_entities=60, num_distractors=10, train_per_hop=10, test_per_hop=5)"
         ".write(sys.argv[1])"
     )
@@ -159,16 +159,6 @@ def test_bad_sizes_are_refused():
         generate_world(hops=(0, 2))
     with pytest.raises(ValueError, match="test_fraction"):
         generate_world(test_fraction=1.0)
-
-
-def test_main_writes_a_world(tmp_path, capsys):
-    assert (
-        main(["--out", str(tmp_path / "w"), "--seed", "2", "--num-entities", "60", "--train-per-hop", "5"])
-        == 0
-    )
-    train = (tmp_path / "w" / "train.jsonl").read_text().splitlines()
-    assert len(train) == 15
-    assert str(tmp_path / "w") in capsys.readouterr().out
 
 
 def test_single_hop_questions_share_distinctive_words_with_their_passage(toy_world):

@@ -17,7 +17,6 @@ no entity of a test question (seed, intermediate or answer) appears in any train
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -426,32 +425,3 @@ def tokenizer_texts(world: ToyWorld | None = None, num_prompts: int = 8) -> Iter
         for message in messages:
             yield message[0]["content"]
     yield from (prompts.NO_INFO, prompts.STOP_YES, prompts.STOP_NO)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`corag toyworld --out DIR --seed N [sizes]`: write a toy world to a folder."""
-    parser = argparse.ArgumentParser(prog="corag toyworld", description=main.__doc__)
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-entities", type=int, default=300)
-    parser.add_argument("--num-distractors", type=int, default=60)
-    parser.add_argument("--train-per-hop", type=int, default=200)
-    parser.add_argument("--test-per-hop", type=int, default=50)
-    parser.add_argument("--hops", type=int, nargs="+", default=[2, 3, 4])
-    parser.add_argument("--test-fraction", type=float, default=0.2)
-    args = parser.parse_args(argv)
-    world = generate_world(
-        seed=args.seed,
-        num_entities=args.num_entities,
-        num_distractors=args.num_distractors,
-        train_per_hop=args.train_per_hop,
-        test_per_hop=args.test_per_hop,
-        hops=tuple(args.hops),
-        test_fraction=args.test_fraction,
-    )
-    out = world.write(args.out)
-    print(
-        f"wrote {len(world.passages)} passages, {len(world.train)} train, {len(world.test)} test and "
-        f"{len(world.single_hop)} single-hop questions to {out}"
-    )
-    return 0

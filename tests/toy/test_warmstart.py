@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from corag import prompts
-from corag.data.toyworld import generate_world
 from corag.retrieval.bm25 import BM25Retriever
-from corag.warmstart import (
+from corag.toy.warmstart import (
     ExampleStream,
     WarmStartConfig,
     WarmTrainConfig,
@@ -25,12 +24,12 @@ from corag.warmstart import (
     heldout_accuracy,
     iter_examples,
     iter_fresh_seeds,
-    main,
     reading_examples,
     subquery_examples,
     train_warm_start,
     world_examples,
 )
+from corag.toy.world import generate_world
 
 CONFIG = WarmStartConfig(
     reading_per_world=60,
@@ -208,16 +207,6 @@ def test_same_seed_gives_the_same_examples_and_another_seed_differs():
     c = list(iter_examples(seed=4, num_worlds=1, config=CONFIG))
     assert a == b
     assert [e["completion"] for e in a] != [e["completion"] for e in c]
-
-
-def test_main_writes_jsonl(tmp_path, capsys):
-    out = tmp_path / "warm.jsonl"
-    args = ["--out", str(out), "--seed", "2", "--worlds", "1", "--reading-per-world", "20"]
-    args += ["--subquery-questions-per-world", "3", "--final-per-world", "2", "--exclude", "0", "1"]
-    assert main(args) == 0
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert sum(r["task"] == "subanswer" for r in rows) >= 18
-    assert str(out) in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------------------- training

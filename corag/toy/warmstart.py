@@ -20,7 +20,6 @@ Examples are conversational prompt/completion dicts (as corag.training writes th
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import math
@@ -33,8 +32,8 @@ from typing import Any
 from tqdm import tqdm
 
 from corag import prompts
-from corag.data.toyworld import ToyWorld, fact_sentence, generate_world
 from corag.retrieval.bm25 import BM25Retriever
+from corag.toy.world import ToyWorld, fact_sentence, generate_world
 from corag.training import tokenize_example
 from corag.types import Example, Passage
 
@@ -242,34 +241,6 @@ def iter_examples(
         fresh_seeds(seed, num_worlds, exclude), desc="warm-start worlds", disable=num_worlds < 20
     ):
         yield from world_examples(world_seed, config)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`corag warmstart --out FILE --seed N --worlds W`: write warm-start examples as JSONL."""
-    from corag.data.jsonl import write_jsonl
-
-    parser = argparse.ArgumentParser(prog="corag warmstart", description=main.__doc__)
-    parser.add_argument("--out", required=True, help="output JSONL (prompt/completion examples)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--worlds", type=int, default=50, help="fresh worlds to draw examples from")
-    parser.add_argument("--exclude", type=int, nargs="*", default=[], help="world seeds never to use")
-    parser.add_argument("--reading-per-world", type=int, default=WarmStartConfig.reading_per_world)
-    parser.add_argument(
-        "--subquery-questions-per-world", type=int, default=WarmStartConfig.subquery_questions_per_world
-    )
-    parser.add_argument("--final-per-world", type=int, default=WarmStartConfig.final_per_world)
-    args = parser.parse_args(argv)
-    config = WarmStartConfig(
-        reading_per_world=args.reading_per_world,
-        subquery_questions_per_world=args.subquery_questions_per_world,
-        final_per_world=args.final_per_world,
-    )
-    examples = list(iter_examples(args.seed, args.worlds, config, set(args.exclude)))
-    write_jsonl(args.out, examples)
-    out = args.out
-    counts = {task: sum(e["task"] == task for e in examples) for task in ("subanswer", "subquery", "final")}
-    print(f"wrote {len(examples)} warm-start examples {counts} to {out}")
-    return 0
 
 
 # ------------------------------------------------------------------------------------------ training

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from corag.data.toyworld import generate_world
 from corag.prompts import subanswer_messages
-from corag.tinymodel import END, build_tiny_model, save_tiny, train_tokenizer
+from corag.toy.tinymodel import END, build_tiny_model, save_tiny, train_tokenizer
+from corag.toy.world import generate_world
 
 
 def test_folder_loads_offline_and_runs(tiny_model_dir):
@@ -117,7 +117,7 @@ def test_a_head_size_wider_than_the_residual_stream_saves_and_reloads(tiny_token
 
 
 def test_a_tokenizer_trained_without_a_world_still_knows_the_prompt_words(tiny_tokenizer):
-    from corag.data.toyworld import name_pool, tokenizer_texts
+    from corag.toy.world import name_pool, tokenizer_texts
 
     generic = train_tokenizer(tokenizer_texts(None), words=name_pool())
     world = generate_world(seed=4242, num_entities=60, num_distractors=10, train_per_hop=2, test_per_hop=1)

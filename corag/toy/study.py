@@ -23,12 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corag.config import parse_config
 from corag.data.jsonl import atomic_write
 from corag.errors import InputError
-
-REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "recipes" / "sft.py"
 
 # judge_headroom's counts of questions, per hop count (summed over seeds by benchmarks/toyworld.py).
 JUDGE_COUNTS = ("questions", "greedy", "any", "penalty", "link_check")
@@ -139,6 +135,10 @@ class StudyConfig:
         },
     )
     # Fine-tuning (CoRAG and the single-step baseline share the config and the number of steps).
+    recipe: str = field(
+        default="recipes/sft.py",
+        metadata={"help": "the SFT recipe the fine-tunings run, a path from the working directory"},
+    )
     sft_config: str = "configs/toy/sft.yaml"
     sft_epochs: float | None = field(
         default=None, metadata={"help": "overrides num_train_epochs of sft_config (CoRAG fine-tuning)"}
@@ -231,10 +231,11 @@ def _stage(name: str, done: Path, timings: dict[str, float], fn: Callable[[], An
     print(f"[{name}] done in {timings[name]:.0f}s", flush=True)
 
 
-def train(config_file: str, model: Path, out: Path, data: dict[str, str], extra: list[str] = ()) -> None:
-    """Run recipes/sft.py in a subprocess, exactly as a user would (one process)."""
-    config = Path(config_file) if Path(config_file).exists() else REPO / config_file  # from any folder
-    args = [sys.executable, str(RECIPE), "--config", str(config), "--model_name_or_path", str(model)]
+def train(
+    recipe: str, config: str, model: Path, out: Path, data: dict[str, str], extra: list[str] = ()
+) -> None:
+    """Run the SFT recipe in a subprocess, exactly as a user would (one process)."""
+    args = [sys.executable, recipe, "--config", config, "--model_name_or_path", str(model)]
     args += ["--output_dir", str(out), *[x for k, v in data.items() for x in (f"--{k}", v)], *extra]
     subprocess.run(args, check=True)
 
@@ -260,9 +261,9 @@ def warm_settings(cfg: StudyConfig) -> dict[str, Any]:
 
 def warm_start(cfg: StudyConfig, warm: Path) -> None:
     """Train the warm model from scratch on fresh worlds and save it (with its log) to `warm`."""
-    from corag.data.toyworld import name_pool, tokenizer_texts
-    from corag.tinymodel import build_tiny_model, save_tiny, train_tokenizer
-    from corag.warmstart import WarmStartConfig, WarmTrainConfig, heldout_accuracy, train_warm_start
+    from corag.toy.tinymodel import build_tiny_model, save_tiny, train_tokenizer
+    from corag.toy.warmstart import WarmStartConfig, WarmTrainConfig, heldout_accuracy, train_warm_start
+    from corag.toy.world import name_pool, tokenizer_texts
 
     tokenizer = train_tokenizer(tokenizer_texts(None), words=name_pool())
     model = build_tiny_model(
@@ -300,8 +301,9 @@ def warm_start(cfg: StudyConfig, warm: Path) -> None:
 
 def check_same_study(cfg: StudyConfig, path: Path) -> None:
     """Record the settings a study folder's stages depend on, or refuse to resume one made with others
-    (its finished stages would be reused as they are). Only `evals` may change between runs."""
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "evals")}
+    (its finished stages would be reused as they are). Only `evals` (and where the recipe lies) may change
+    between runs."""
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "evals", "recipe")}
     if not path.exists():
         with atomic_write(path) as f:
             json.dump(settings, f, indent=2)
@@ -322,11 +324,19 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     """Run (or resume) every stage; return the summary that is also written to summary.json."""
     from corag.data.corpus import Corpus
     from corag.data.jsonl import write_jsonl
-    from corag.data.toyworld import generate_world
     from corag.lm import load_lm
     from corag.retrieval import load_retriever
     from corag.sampling import SamplingConfig, run_sampling
+    from corag.toy.world import generate_world
 
+    if not cfg.warm_only:  # fine-tuning reads both from the checkout; a missing one fails before any stage
+        for name in ("recipe", "sft_config"):
+            if not Path(getattr(cfg, name)).is_file():
+                raise InputError(
+                    f"not found from {Path.cwd()}; run from the checkout or give the file's path",
+                    file=getattr(cfg, name),
+                    field=name,
+                )
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     check_same_study(cfg, out / "study.json")
@@ -386,7 +396,9 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         "fine-tune",
         corag_dir / "config.json",
         timings,
-        lambda: train(cfg.sft_config, warm, corag_dir, {**data, "chains": str(chains)}, corag_extra),
+        lambda: train(
+            cfg.recipe, cfg.sft_config, warm, corag_dir, {**data, "chains": str(chains)}, corag_extra
+        ),
     )
 
     single_dir = out / "models" / "single_step"
@@ -396,7 +408,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         write_jsonl(examples, single_step_examples(world.train[: cfg.sample_questions], corpus, retriever))
         steps = json.loads((corag_dir / "trainer_state.json").read_text())["global_step"]
         extra = [f"--seed={cfg.seed}", f"--max_steps={steps}", *bf16]
-        train(cfg.sft_config, warm, single_dir, {"examples": str(examples)}, extra)
+        train(cfg.recipe, cfg.sft_config, warm, single_dir, {"examples": str(examples)}, extra)
 
     _stage("single-step baseline", single_dir / "config.json", timings, single_step)
 
@@ -461,7 +473,7 @@ def call_accuracy(model_dir: Path, questions: list, corpus: Any, retriever: Any)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from corag import prompts
-    from corag.warmstart import example, teacher_forced_correct
+    from corag.toy.warmstart import example, teacher_forced_correct
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -522,8 +534,8 @@ def judge_headroom(examples: list, records: list[dict]) -> dict[str, dict[str, A
     another chain keeps every link. `right_first` is the share of a question's (right, wrong) chain
     pairs that the penalty ranks right first, ties counting half, over `pairs` pairs.
     """
-    from corag.data.toyworld import question
     from corag.metrics import exact_match
+    from corag.toy.world import question
 
     def right(chain: list[dict], answers: tuple[str, ...]) -> bool:
         return bool(chain) and any(exact_match(chain[-1]["subanswer"], a) for a in answers)
@@ -609,14 +621,3 @@ def evaluate_all(
     paths = write_results(results, out / "eval")
     print(paths["table"].read_text())
     return results
-
-
-def main(argv: list[str] | None = None, description: str | None = None) -> int:
-    cfg = parse_config(StudyConfig, argv, description=description or __doc__.splitlines()[0])
-    summary = run_study(cfg)
-    print(json.dumps(summary["timings_s"]))
-    if cfg.warm_only:
-        print(f"warm model at {cfg.warm_dir or Path(cfg.out_dir) / 'models' / 'warm'}")
-    else:
-        print(f"study written to {cfg.out_dir} (summary.json, eval/results.md, eval/scaling.png)")
-    return 0
