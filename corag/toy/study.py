@@ -139,7 +139,7 @@ class StudyConfig:
         default="recipes/sft.py",
         metadata={"help": "the SFT recipe the fine-tunings run, a path from the working directory"},
     )
-    sft_config: str = "configs/toy/sft.yaml"
+    sft_config: str = "configs/sft/toy.yaml"
     sft_epochs: float | None = field(
         default=None, metadata={"help": "overrides num_train_epochs of sft_config (CoRAG fine-tuning)"}
     )

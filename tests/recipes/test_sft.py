@@ -63,6 +63,16 @@ def launch(
 ) -> subprocess.CompletedProcess:
     """Run the recipe with the toy config (or `config`, without chains), as a user would (accelerate launch)."""
     args = ["--config", str(config or REPO / "configs/sft/toy.yaml"), "--output_dir", str(out)]
+    args += [
+        "--learning_rate",
+        "1e-3",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "200",
+        "--save_total_limit",
+        "2",
+    ]
     for key in ("model_name_or_path",) if config else ("model_name_or_path", "chains", "corpus"):
         args += [f"--{key}", toy_run[key]]
     cmd = [

@@ -63,7 +63,7 @@ def train(model: Path, chains: Path, corpus: Path, out: Path) -> subprocess.Comp
     args += ["--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0.0"]
     args += ["--lora_target_modules", "all-linear", "--learning_rate", "2e-3", "--warmup_steps", "0"]
     args += ["--max_steps", "3", "--gradient_accumulation_steps", "1", "--logging_steps", "1"]
-    args += ["--save_strategy", "no", "--merge_lora", "true", "--packing", "false"]
+    args += ["--save_strategy", "no", "--merge_lora", "true", "--packing", "false", "--max_length", "2048"]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     cmd = [sys.executable, str(REPO / "recipes/sft.py"), *args]
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
