@@ -24,7 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("corag.decoding.predict:main", "run a decoding strategy over a dataset"),
     "sample": ("corag.sampling:main", "rejection-sample chains (also sampling/sample.py)"),
     "merge": ("corag.sampling:merge_main", "merge sampling shards, checking ids"),
-    "build-examples": ("corag.examples:main", "turn chains into the SFT examples dataset (Arrow), once"),
+    "build-examples": (
+        "corag.commands.build_examples:main",
+        "turn chains into the SFT examples dataset (Arrow), once",
+    ),
     "evaluate": ("corag.evaluation:main", "evaluate predictions or a checkpoint (also evaluation/)"),
     "kilt-score": ("corag.kilt:main", "validate and score a KILT submission file"),
     "kilt-pages": ("corag.kilt:pages_main", "map page titles to Wikipedia ids (KILT knowledge source)"),

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from corag import prompts
 from corag.data.toyworld import ToyWorld, fact_sentence, generate_world
 from corag.retrieval.bm25 import BM25Retriever
-from corag.training import tokenize_example
+from corag.training.examples import tokenize_example
 from corag.types import Example, Passage
 
 TASK_DESC = prompts.task_description("multihopqa")
