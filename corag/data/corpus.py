@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -36,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from corag.data.jsonl import atomic_folder, atomic_write, dumps
+from corag.data.jsonl import atomic_folder, atomic_write, dumps, iter_jsonl, locked
 from corag.errors import InputError
 from corag.types import Example, Passage
 
@@ -254,45 +252,31 @@ def _jsonl_batches(path: Path) -> Iterator[tuple[dict[str, list[str]], int]]:
     """(columns, bytes read) per batch of a corpus JSONL; every line checked, errors name the line."""
     has_id: bool | None = None
     cols: dict[str, list[str]] = {"id": [], "title": [], "contents": []}
-    done = 0
-    with path.open("rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            done += len(raw)
-            if not raw.strip():
-                continue
-            try:
-                r = json.loads(raw)
-            except UnicodeDecodeError:
-                raise InputError("not UTF-8 text", file=str(path), line=line_no) from None
-            except json.JSONDecodeError as e:
-                raise InputError(
-                    f"malformed JSON ({e.msg} at column {e.colno})", file=str(path), line=line_no
-                ) from None
-            if not isinstance(r, dict):
-                raise InputError(
-                    f"expected a JSON object, got {type(r).__name__}", file=str(path), line=line_no
-                )
-            if isinstance(r.get("id"), int) and not isinstance(r.get("id"), bool):
-                r["id"] = str(r["id"])
-            if has_id is None:
-                has_id = "id" in r
-            if ("id" in r) != has_id:
-                why = "missing (other lines have ids)" if has_id else "present (the first line has none)"
-                raise InputError(f"id {why}", file=str(path), line=line_no, field="id")
-            names = ("id", "title", "contents") if has_id else ("title", "contents")
-            for name in names:
-                value = r.get(name)
-                if not isinstance(value, str):
-                    got = "missing" if name not in r else f"not a string ({type(value).__name__})"
-                    raise InputError(
-                        f"field {got}", file=str(path), line=line_no, record=r.get("id"), field=name
-                    )
-                cols[name].append(value)
-            if len(cols["title"]) >= _BATCH_ROWS:
-                yield {name: cols[name] for name in names}, done
-                cols, done = {"id": [], "title": [], "contents": []}, 0
+    read = [0]  # bytes read since the last batch
+
+    def count(size: int) -> None:
+        read[0] += size
+
+    for line_no, r in iter_jsonl(path, count):
+        if isinstance(r.get("id"), int) and not isinstance(r.get("id"), bool):
+            r["id"] = str(r["id"])
+        if has_id is None:
+            has_id = "id" in r
+        if ("id" in r) != has_id:
+            why = "missing (other lines have ids)" if has_id else "present (the first line has none)"
+            raise InputError(f"id {why}", file=str(path), line=line_no, field="id")
+        names = ("id", "title", "contents") if has_id else ("title", "contents")
+        for name in names:
+            value = r.get(name)
+            if not isinstance(value, str):
+                got = "missing" if name not in r else f"not a string ({type(value).__name__})"
+                raise InputError(f"field {got}", file=str(path), line=line_no, record=r.get("id"), field=name)
+            cols[name].append(value)
+        if len(cols["title"]) >= _BATCH_ROWS:
+            yield {name: cols[name] for name in names}, read[0]
+            cols, read[0] = {"id": [], "title": [], "contents": []}, 0
     if cols["title"]:
-        yield {name: cols[name] for name in names}, done
+        yield {name: cols[name] for name in names}, read[0]
 
 
 # Building a store ----------------------------------------------------------------------------------
@@ -412,22 +396,6 @@ def _write_id_order(folder: Path, rows: int, name: str) -> None:
         column.close()
 
 
-@contextlib.contextmanager
-def _locked(store: Path) -> Iterator[None]:
-    """An exclusive lock on `STORE.lock`, so one process converts while the others wait."""
-    store.parent.mkdir(parents=True, exist_ok=True)
-    with open(store.with_name(store.name + ".lock"), "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another process preparing {store}", file=sys.stderr)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def prepare_corpus(
     source: str | Path,
     out: str | Path | None = None,
@@ -444,7 +412,7 @@ def prepare_corpus(
     found = _find_source(Path(source))
     store = Path(out) if out is not None else default_store_path(found.path, cache_dir)
     stamps = found.stamps()
-    with _locked(store):
+    with locked(store, "preparing"):
         manifest = _read_manifest(store)
         if manifest is not None and manifest.get("sources") == stamps and not overwrite:
             return store

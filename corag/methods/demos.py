@@ -10,16 +10,14 @@ their own file, or build one from MuSiQue (its decompositions and paragraphs) or
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from corag.data.jsonl import iter_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.prompts import ircot_paragraph, ircot_question
 from corag.types import Example, Passage
@@ -92,33 +90,13 @@ def parse_demonstration(record: Any, path: str = "<demonstrations>", line: int =
 
 def load_demonstrations(path: str | Path) -> list[Demonstration]:
     """Read a demonstrations JSONL file (blank lines allowed)."""
-    demos = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON ({exc.msg})", file=str(path), line=line_no) from None
-            demos.append(parse_demonstration(record, str(path), line_no))
-    return demos
+    return [parse_demonstration(record, str(path), line_no) for line_no, record in iter_jsonl(path)]
 
 
 def write_demonstrations(path: str | Path, demos: Iterable[Demonstration]) -> Path:
     """Write demonstrations as JSONL, atomically (a temporary file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for demo in demos:
-                f.write(json.dumps(demo.to_json(), ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
+    write_jsonl(path, (demo.to_json() for demo in demos))
+    return Path(path)
 
 
 _RELATION = re.compile(r"^(.+?)\s*>>\s*(.+)$")
@@ -185,22 +163,17 @@ def demos_from_musique(
     with its supporting paragraphs plus 1-3 of the record's own distractor paragraphs."""
     rng = random.Random(seed)
     demos: list[Demonstration] = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if len(demos) >= n:
-                break
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON ({exc.msg})", file=str(path), line=line_no) from None
-            if not record.get("answerable", True):
-                continue
-            try:
-                demos.append(musique_demonstration(record, rng.randint(*distractors), rng))
-            except InputError as exc:
-                raise InputError(str(exc), file=str(path), line=line_no) from None
+    if n <= 0:
+        return demos
+    for line_no, record in iter_jsonl(path):
+        if not record.get("answerable", True):
+            continue
+        try:
+            demos.append(musique_demonstration(record, rng.randint(*distractors), rng))
+        except InputError as exc:
+            raise InputError(str(exc), file=str(path), line=line_no) from None
+        if len(demos) >= n:
+            break
     return demos
 
 

@@ -18,17 +18,16 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import re
 import shutil
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from corag.data.jsonl import atomic_write
 from corag.errors import InputError
 from corag.retrieval.dense import (
     Encoder,
@@ -48,22 +47,9 @@ DEFAULT_CHUNK_SIZE = 65_536
 _SHARD_FILE = re.compile(r"^(?P<stem>.+)-shard-(?P<index>\d+)\.pt$")
 
 
-def atomic_write(path: Path, write: Callable[[object], None]) -> None:
-    """Write a file through a temporary sibling and rename it, so readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_json(path: Path, obj: object) -> None:
-    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1).encode()))
+    with atomic_write(path) as f:
+        f.write(json.dumps(obj, indent=1))
 
 
 def chunk_hash(passages: Sequence[Passage]) -> str:
@@ -171,7 +157,8 @@ def build_dense(
                     file=str(stale[0]),
                 )
             vectors = _store(encoder.encode_passages(batch), dtype)
-            atomic_write(path, lambda f, v=vectors: np.save(f, v))
+            with atomic_write(path, "wb") as f:
+                np.save(f, vectors)
         else:
             done += 1
         bar.update(len(batch))
@@ -315,14 +302,12 @@ def import_embeddings(
     ):
         target = chunks / f"{i:06d}-{path.stem}.npy"
         if not (target.exists() and read_npy_shape(target) == (n, encoder.dim)):
-
-            def write(f, path=path, n=n) -> None:
-                tensor = _load_shard(path, encoder.dim)  # mapped, read block by block, unmapped after
+            tensor = _load_shard(path, encoder.dim)  # mapped, read block by block, unmapped after
+            with atomic_write(target, "wb") as f:
                 np.lib.format.write_array_header_2_0(f, {**header, "shape": (n, encoder.dim)})
                 for a in range(0, n, block_rows):
                     f.write(tensor[a : a + block_rows].to(store).numpy().tobytes())
-
-            atomic_write(target, write)
+            del tensor
         files.append({"file": target.relative_to(out).as_posix(), "rows": n})
     return _finish(out, json.loads((out / "manifest.json").read_text()), files, corpus)
 
@@ -414,7 +399,8 @@ def build_approx(
     folder = out / "approx"
     folder.mkdir(exist_ok=True)
     path = folder / f"{kind}.faiss"
-    atomic_write(path, lambda f: f.write(faiss.serialize_index(index).tobytes()))
+    with atomic_write(path, "wb") as f:
+        f.write(faiss.serialize_index(index).tobytes())
     self_rows = None
     if recall_queries is None:
         self_rows = np.sort(rng.choice(n, min(n, 200), replace=False))
