@@ -17,9 +17,12 @@ from corag.errors import InputError
 COMMANDS: dict[str, tuple[str, str]] = {
     "quickstart": ("corag.quickstart:main", "build, sample, train and evaluate on the toy world"),
     "toyworld": ("corag.data.toyworld:main", "write a toy world (corpus and questions) to a folder"),
-    "corpus": ("corag.data.corpus:main", "prepare a corpus store once (JSONL, parquet, datasets folder)"),
-    "models": ("corag.models:main", "convert the packaged SmolLM2-135M-Instruct into a checkpoint folder"),
-    "index": ("corag.retrieval.index:main", "dense (encoded, sharded or imported) or BM25 index of a corpus"),
+    "corpus": ("corag.commands.corpus:main", "prepare a corpus store once (JSONL, parquet, datasets folder)"),
+    "models": (
+        "corag.commands.models:main",
+        "convert the packaged SmolLM2-135M-Instruct into a checkpoint folder",
+    ),
+    "index": ("corag.commands.index:main", "dense (encoded, sharded or imported) or BM25 index of a corpus"),
     "serve-retriever": ("corag.retrieval.service:main", "serve an index over HTTP for many workers"),
     "predict": ("corag.decoding.predict:main", "run a decoding strategy over a dataset"),
     "sample": ("corag.sampling:main", "rejection-sample chains (also sampling/sample.py)"),
@@ -29,9 +32,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "turn chains into the SFT examples dataset (Arrow), once",
     ),
     "evaluate": ("corag.evaluation:main", "evaluate predictions or a checkpoint (also evaluation/)"),
-    "kilt-score": ("corag.kilt:main", "validate and score a KILT submission file"),
-    "kilt-pages": ("corag.kilt:pages_main", "map page titles to Wikipedia ids (KILT knowledge source)"),
-    "demos": ("corag.methods.demos:main", "build IRCoT demonstrations (MuSiQue or toy world)"),
+    "kilt-score": ("corag.commands.kilt_score:main", "validate and score a KILT submission file"),
+    "kilt-pages": (
+        "corag.commands.kilt_pages:main",
+        "map page titles to Wikipedia ids (KILT knowledge source)",
+    ),
+    "demos": ("corag.commands.demos:main", "build IRCoT demonstrations (MuSiQue or toy world)"),
     "warmstart": ("corag.warmstart:main", "write warm-start examples from fresh toy worlds"),
     "toystudy": ("corag.toystudy:main", "the full toy-world study (see benchmarks/toyworld.py)"),
 }

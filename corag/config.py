@@ -35,7 +35,7 @@ class ConfigParser(HfArgumentParser):
             field.name,
             metavar=field.name.upper(),
             help=field.metadata.get("help"),
-            nargs="?" if optional else None,
+            nargs=field.metadata.get("nargs", "?" if optional else None),
             default=field.default if optional else None,
         )
 

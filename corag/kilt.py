@@ -9,7 +9,6 @@ Wikipedia ids. An empty answer scores 0 everywhere (retrieval still counts), as 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Iterable, Sequence
@@ -351,44 +350,3 @@ def record_answer(record: dict[str, Any]) -> str:
     inference's (`prediction`)."""
     value = record.get("predictions", record.get("prediction"))
     return value if isinstance(value, str) else ""
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Score a KILT submission: `python -m corag.kilt SUBMISSION GOLD [--ks 1,5]`; prints JSON."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("submission", help="submission JSONL")
-    parser.add_argument("gold", help="gold KILT JSONL")
-    parser.add_argument("--ks", default="1,5", help="comma-separated k for recall@k and precision@k")
-    parser.add_argument("--allow-extra", action="store_true", help="leave out ids not in the gold file")
-    parser.add_argument(
-        "--require-all",
-        action="store_true",
-        help="refuse a submission missing gold ids (default: they count 0)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        ks = [int(k) for k in args.ks.split(",")]
-    except ValueError:
-        raise InputError(f"expected comma-separated integers, got {args.ks!r}", field="--ks") from None
-    result = score_submission(
-        args.submission, args.gold, ks=ks, allow_extra=args.allow_extra, require_all=args.require_all
-    )
-    print(json.dumps(result, indent=2))
-    return 0
-
-
-def pages_main(argv: list[str] | None = None) -> int:
-    """`corag kilt-pages KNOWLEDGE_SOURCE --out pages.json`: the title -> Wikipedia page id map that
-    turns retrieved passages into KILT provenance (`corag evaluate --page-ids pages.json`)."""
-    parser = argparse.ArgumentParser(prog="corag kilt-pages", description=pages_main.__doc__)
-    parser.add_argument("knowledge_source", help="kilt_knowledgesource.json (one page a line)")
-    parser.add_argument("--out", required=True, help="the JSON map to write")
-    args = parser.parse_args(argv)
-    counts = build_page_ids(args.knowledge_source, args.out)
-    print(json.dumps(counts))
-    print(f"title -> page id map of {counts['pages']} pages written to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

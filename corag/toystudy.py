@@ -349,7 +349,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     index = out / "index"
 
     def build_index() -> None:
-        from corag.retrieval.index import main as index_main
+        from corag.commands.index import main as index_main
 
         kind = ["--kind", "bm25"] if cfg.retriever == "bm25" else ["--model", "minilm"]
         index_main([str(out / "world" / "corpus.jsonl"), "--out", str(index), *kind])

@@ -16,13 +16,11 @@ A corpus without ids, like the KILT corpus, uses the row number as the id.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
 import os
 import re
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -660,49 +658,3 @@ def write_context_corpus(
         for example in built.examples:
             f.write(dumps(example_to_record(example)) + "\n")
     return built, path
-
-
-def _from_contexts(args: argparse.Namespace) -> int:
-    start = time.perf_counter()
-    built, questions = write_context_corpus(args.data, args.out, args.questions)
-    with_gold = sum(bool(e.supporting_ids) for e in built.examples)
-    print(
-        f"{len(built.ids)} passages in {built.path}; {len(built.examples)} questions in {questions} "
-        f"({with_gold} with gold passage ids; {time.perf_counter() - start:.1f} s)"
-    )
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`corag corpus prepare SOURCE`: convert a corpus source into its store once.
-    `corag corpus from-contexts DATA... --out CORPUS`: a corpus of the questions' own paragraphs."""
-    ap = argparse.ArgumentParser(prog="corag corpus", description="corpus stores: prepare one from a source")
-    sub = ap.add_subparsers(dest="command", required=True)
-    ctx = sub.add_parser(
-        "from-contexts",
-        help="a corpus of the context paragraphs of HotpotQA, 2Wiki or MuSiQue files, and their questions "
-        "with gold passage ids",
-    )
-    ctx.add_argument("data", nargs="+", help="question files whose records carry context paragraphs")
-    ctx.add_argument("--out", required=True, help="corpus JSONL to write")
-    ctx.add_argument(
-        "--questions",
-        default=None,
-        help="questions JSONL to write, with supporting_ids (default: <corpus stem>.questions.jsonl beside it)",
-    )
-    prep = sub.add_parser("prepare", help="convert JSONL, parquet (file or folder), Arrow or a saved dataset")
-    prep.add_argument(
-        "source", help="corpus.jsonl, a .parquet file, a folder of parquet files, a saved dataset"
-    )
-    prep.add_argument("--out", default=None, help="store folder (default: SOURCE.corag beside the source)")
-    prep.add_argument("--cache-dir", default=None, help="put the store here when --out is not given")
-    prep.add_argument("--overwrite", action="store_true", help="rebuild even if an up-to-date store exists")
-    args = ap.parse_args(argv)
-    if args.command == "from-contexts":
-        return _from_contexts(args)
-    start = time.perf_counter()
-    store = prepare_corpus(args.source, args.out, cache_dir=args.cache_dir, overwrite=args.overwrite)
-    corpus = Corpus(store)
-    size = sum(p.stat().st_size for p in store.iterdir())
-    print(f"{len(corpus)} passages in {store} ({size / 2**30:.2f} GiB, {time.perf_counter() - start:.1f} s)")
-    return 0

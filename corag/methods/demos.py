@@ -9,7 +9,6 @@ their own file, or build one from MuSiQue (its decompositions and paragraphs) or
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
 from collections.abc import Iterable, Sequence
@@ -221,35 +220,3 @@ def demos_from_examples(
             )
         )
     return demos
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write an IRCoT demonstrations file built from MuSiQue or from a toy-world folder."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--musique", type=Path, help="a MuSiQue JSONL file (decompositions and paragraphs)")
-    source.add_argument("--toy", type=Path, help="a toy-world folder (train.jsonl and corpus.jsonl)")
-    parser.add_argument("--out", type=Path, required=True, help="the demonstrations JSONL to write")
-    parser.add_argument("-n", type=int, default=15, help="number of demonstrations")
-    parser.add_argument("--distractors", type=int, nargs=2, default=(1, 3), metavar=("MIN", "MAX"))
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    distractors = (args.distractors[0], args.distractors[1])
-    if args.musique is not None:
-        demos = demos_from_musique(args.musique, args.n, distractors, args.seed)
-    else:
-        from corag.data.corpus import Corpus
-        from corag.data.formats import load_examples
-        from corag.retrieval.bm25 import BM25Retriever
-
-        corpus = Corpus.load(args.toy / "corpus.jsonl")
-        retriever = BM25Retriever.build(corpus.iter_batches())
-        examples = load_examples(args.toy / "train.jsonl", fmt="jsonl")
-        demos = demos_from_examples(examples, corpus, args.n, distractors, retriever, args.seed)
-    write_demonstrations(args.out, demos)
-    print(f"wrote {len(demos)} demonstrations to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
