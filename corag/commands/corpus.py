@@ -6,6 +6,7 @@ corag corpus from-contexts DATA... --out CORPUS      # a corpus of the questions
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Callable
@@ -20,19 +21,16 @@ Subcommands = dict[str, tuple[type, Callable[[Any], int], str]]
 
 
 def run_subcommand(prog: str, description: str, subcommands: Subcommands, argv: list[str] | None) -> int:
-    """Run `PROG SUBCOMMAND [OPTIONS]`: the subcommand's options are parsed into its own config
-    dataclass; no subcommand, or an unknown one, prints the list of them (exit 0 for --help, else 2)."""
+    """Run `PROG SUBCOMMAND [OPTIONS]`: argparse picks the subcommand (and answers `PROG --help`), then
+    the subcommand's options are parsed into its own config dataclass."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in subcommands:
-        width = max(map(len, subcommands))
-        lines = [f"  {name:<{width}}  {help_}" for name, (_, _, help_) in subcommands.items()]
-        print(
-            f"usage: {prog} {{{','.join(subcommands)}}} ...\n\n{description}\n\nsubcommands:\n"
-            + "\n".join(lines)
-        )
-        return 0 if argv and argv[0] in {"-h", "--help"} else 2
-    config_class, run, help_ = subcommands[argv[0]]
-    program, sys.argv[0] = sys.argv[0], f"{prog} {argv[0]}"  # the usage line names the subcommand
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    sub = parser.add_subparsers(dest="subcommand", required=True)
+    for name, (_, _, help_) in subcommands.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    name = parser.parse_args(argv[:1]).subcommand
+    config_class, run, help_ = subcommands[name]
+    program, sys.argv[0] = sys.argv[0], f"{prog} {name}"  # the usage line names the subcommand
     try:
         return run(parse_config(config_class, argv[1:], help_))
     finally:
