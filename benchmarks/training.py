@@ -34,11 +34,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
-from corag import training  # noqa: E402
 from corag.data.corpus import Corpus  # noqa: E402
 from corag.retrieval.bm25 import BM25Retriever  # noqa: E402
 from corag.toy.tinymodel import build_tiny_model, train_tokenizer  # noqa: E402
 from corag.toy.world import generate_world, tokenizer_texts  # noqa: E402
+from corag.training import examples as sft  # noqa: E402
 from corag.types import Step  # noqa: E402
 
 
@@ -51,20 +51,20 @@ def build_dataset(entities: int, seed: int, size: int, out: Path):
     corpus = Corpus.load(out / "world" / "corpus.jsonl")
     tokenizer = train_tokenizer(tokenizer_texts(world))
     chains = [
-        training.ChainRecord(
+        sft.ChainRecord(
             ex.id, ex.query, ex.answers, tuple(Step(s.subquery, s.subanswer) for s in ex.decomposition)
         )
         for ex in world.train
     ]
-    examples = training.build_examples(
+    examples = sft.build_examples(
         chains,
         corpus,
         retriever=BM25Retriever.from_passages(world.passages),
-        truncator=training.TokenizerTruncator(tokenizer),
+        truncator=sft.TokenizerTruncator(tokenizer),
         seed=seed,
     )
     examples = random.Random(seed).sample(examples, min(size, len(examples)))
-    dataset = training.tokenize_dataset(training.to_dataset(examples), tokenizer)
+    dataset = sft.tokenize_dataset(sft.to_dataset(examples), tokenizer)
     return tokenizer, dataset.select_columns(["input_ids", "labels"])
 
 
@@ -177,14 +177,14 @@ def synthetic_inputs(num_chains: int, out: Path, seed: int, passages: int = 2000
 
 BUILD = """
 import json, sys, time
-from corag import examples
+from corag.training import dataset
 start = time.perf_counter()
-examples.build(examples.ExamplesConfig(chains=sys.argv[1], corpus=sys.argv[2], output=sys.argv[3],
+dataset.build(dataset.ExamplesConfig(chains=sys.argv[1], corpus=sys.argv[2], output=sys.argv[3],
                                        tokenizer=sys.argv[4] or None, num_proc=int(sys.argv[5])))
 # VmHWM: this process's own peak (getrusage's maxrss would include the parent's size before exec)
 rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_mb": rss / 1024,
-                  "examples": examples.read_manifest(sys.argv[3])["examples"]}))
+                  "examples": dataset.read_manifest(sys.argv[3])["examples"]}))
 """
 
 

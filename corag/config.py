@@ -41,7 +41,9 @@ class ConfigParser(HfArgumentParser):
             field.name,
             metavar=field.name.upper(),
             help=field.metadata.get("help"),
-            nargs=("*" if optional else "+") if many else ("?" if optional else None),
+            nargs=field.metadata.get(
+                "nargs", ("*" if optional else "+") if many else ("?" if optional else None)
+            ),
             default=default if optional else None,
         )
 

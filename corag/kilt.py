@@ -9,17 +9,14 @@ Wikipedia ids. An empty answer scores 0 everywhere (retrieval still counts), as 
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corag.data.jsonl import input_file
+from corag.data.jsonl import atomic_write, input_file, iter_jsonl
 from corag.errors import InputError
 from corag.metrics import kilt_answer_scores, kilt_precision_at_k, kilt_recall_at_k, r_precision
 
@@ -56,37 +53,9 @@ def write_submission(path: str | Path, predictions: Iterable[KiltPrediction]) ->
             raise InputError("wikipedia ids must be strings", **where, field="wikipedia_id")
         seen.add(pred.id)
         lines.append(json.dumps(submission_record(pred), ensure_ascii=False))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as f:
+        f.write("".join(line + "\n" for line in lines))
     return len(lines)
-
-
-def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, object) for each non-blank line; a line that is not a JSON object is an error."""
-    records = []
-    with input_file(path).open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise InputError("not UTF-8 text", file=str(path), line=number) from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"not valid JSON ({err.msg})", file=str(path), line=number) from None
-            if not isinstance(obj, dict):
-                raise InputError("a line must be a JSON object", file=str(path), line=number)
-            records.append((number, obj))
-    return records
 
 
 def _record_id(obj: dict[str, Any], path: str, line: int) -> str:
@@ -143,7 +112,7 @@ def _index(
 
 def load_gold(path: str | Path) -> dict[str, dict[str, Any]]:
     """A KILT gold file by id (file order kept), structure checked."""
-    return _index(read_jsonl(path), str(path), single=False)
+    return _index(list(iter_jsonl(input_file(path))), str(path), single=False)
 
 
 def validate_submission(
@@ -157,7 +126,7 @@ def validate_submission(
     they are left out, and a count is printed).
     """
     gold_by_id = load_gold(gold)
-    guess_by_id = _index(read_jsonl(submission), str(submission), single=True)
+    guess_by_id = _index(list(iter_jsonl(input_file(submission))), str(submission), single=True)
     missing = [record_id for record_id in gold_by_id if record_id not in guess_by_id]
     if missing and require_all:
         raise InputError(
@@ -337,16 +306,8 @@ def build_page_ids(knowledge_source: str | Path, out: str | Path, progress: bool
             bar.update()
     if not mapping:
         raise InputError("no pages in the knowledge source", file=str(path))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(mapping, fh, ensure_ascii=False)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(out) as fh:
+        json.dump(mapping, fh, ensure_ascii=False)
     return {"pages": len(mapping), "duplicate_titles": duplicates}
 
 
@@ -389,44 +350,3 @@ def record_answer(record: dict[str, Any]) -> str:
     inference's (`prediction`)."""
     value = record.get("predictions", record.get("prediction"))
     return value if isinstance(value, str) else ""
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Score a KILT submission: `python -m corag.kilt SUBMISSION GOLD [--ks 1,5]`; prints JSON."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("submission", help="submission JSONL")
-    parser.add_argument("gold", help="gold KILT JSONL")
-    parser.add_argument("--ks", default="1,5", help="comma-separated k for recall@k and precision@k")
-    parser.add_argument("--allow-extra", action="store_true", help="leave out ids not in the gold file")
-    parser.add_argument(
-        "--require-all",
-        action="store_true",
-        help="refuse a submission missing gold ids (default: they count 0)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        ks = [int(k) for k in args.ks.split(",")]
-    except ValueError:
-        raise InputError(f"expected comma-separated integers, got {args.ks!r}", field="--ks") from None
-    result = score_submission(
-        args.submission, args.gold, ks=ks, allow_extra=args.allow_extra, require_all=args.require_all
-    )
-    print(json.dumps(result, indent=2))
-    return 0
-
-
-def pages_main(argv: list[str] | None = None) -> int:
-    """`corag kilt-pages KNOWLEDGE_SOURCE --out pages.json`: the title -> Wikipedia page id map that
-    turns retrieved passages into KILT provenance (`corag evaluate --page-ids pages.json`)."""
-    parser = argparse.ArgumentParser(prog="corag kilt-pages", description=pages_main.__doc__)
-    parser.add_argument("knowledge_source", help="kilt_knowledgesource.json (one page a line)")
-    parser.add_argument("--out", required=True, help="the JSON map to write")
-    args = parser.parse_args(argv)
-    counts = build_page_ids(args.knowledge_source, args.out)
-    print(json.dumps(counts))
-    print(f"title -> page id map of {counts['pages']} pages written to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

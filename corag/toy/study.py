@@ -359,10 +359,14 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     index = out / "index"
 
     def build_index() -> None:
-        from corag.retrieval.index import main as index_main
+        from corag.retrieval.dense import Encoder
+        from corag.retrieval.index import build_bm25, build_dense
 
-        kind = ["--kind", "bm25"] if cfg.retriever == "bm25" else ["--model", "minilm"]
-        index_main([str(out / "world" / "corpus.jsonl"), "--out", str(index), *kind])
+        world_corpus = Corpus.load(out / "world" / "corpus.jsonl")
+        if cfg.retriever == "bm25":
+            build_bm25(world_corpus, index)
+        else:
+            build_dense(world_corpus, index, Encoder.from_preset("minilm"))
 
     _stage("index", index / "manifest.json", timings, build_index)
     corpus = Corpus.load(out / "world" / "corpus.jsonl")

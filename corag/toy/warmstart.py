@@ -34,7 +34,7 @@ from tqdm import tqdm
 from corag import prompts
 from corag.retrieval.bm25 import BM25Retriever
 from corag.toy.world import ToyWorld, fact_sentence, generate_world
-from corag.training import tokenize_example
+from corag.training.examples import tokenize_example
 from corag.types import Example, Passage
 
 TASK_DESC = prompts.task_description("multihopqa")

@@ -249,10 +249,11 @@ def test_processes_opening_one_source_at_once_convert_it_once(tmp_path):
 
 
 def test_a_process_waits_while_another_holds_the_store_lock(tmp_path):
-    from corag.data.corpus import _locked, default_store_path
+    from corag.data.corpus import default_store_path
+    from corag.data.jsonl import locked
 
     write_corpus_jsonl(tmp_path / "c.jsonl", PASSAGES)
-    with _locked(default_store_path(tmp_path / "c.jsonl")):
+    with locked(default_store_path(tmp_path / "c.jsonl")):
         proc = subprocess.Popen(
             [sys.executable, "-c", OPEN_AND_REPORT, str(tmp_path / "c.jsonl"), "doc-a"],
             stdout=subprocess.PIPE,

@@ -8,7 +8,6 @@ import pytest
 
 from corag.chain import DecodeResult
 from corag.decoding import STRATEGIES, best_of_n, get_strategy, greedy, tree_search
-from corag.decoding.stop import with_learned_stop
 from corag.errors import InputError
 from corag.executor import Executor
 from corag.lm.base import ScoreRequest
@@ -150,13 +149,6 @@ def test_learned_stop(recording, toy_retriever, toy_corpus, questions, strategy)
     assert (
         sum(r.target == STOP_YES for r, _ in recording.scored if STOP in content(r)) == 2
     )  # not after the last
-
-
-def test_learned_stop_wraps_best_of_n(short_lm, toy_retriever, toy_corpus, questions):
-    ex = Executor(short_lm, toy_retriever)
-    coro = with_learned_stop(best_of_n, ex.context(), questions[0], toy_corpus, 1e9, max_steps=3, n=2)
-    (r,) = ex.run([coro])
-    assert [len(c) for c in r.extras["chains"]] == [1, 1] and r.extras["stop_bias"] == 1e9
 
 
 def test_bad_settings_are_clear_errors(short_lm, toy_retriever, toy_corpus, questions):

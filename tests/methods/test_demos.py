@@ -108,7 +108,7 @@ def test_demos_from_the_toy_world(toy_world, toy_dir: Path, tmp_path: Path) -> N
 
 
 def test_main_writes_loadable_files(shared_data: Path, toy_dir: Path, tmp_path: Path) -> None:
-    from corag.methods.demos import main
+    from corag.commands.demos import main
 
     musique = shared_data / "musique" / "musique_ans_v1.0_dev_sample.jsonl"
     assert main(["--musique", str(musique), "--out", str(tmp_path / "m.jsonl"), "-n", "4"]) == 0

@@ -153,10 +153,12 @@ def test_shipped_configs_parse(name):
 
 @pytest.mark.parametrize("name", ["llama3.1-8b", "qwen3-8b", "llama3.1-8b-kilt"])
 def test_shipped_examples_configs_parse(name):
-    from corag import examples
     from corag.config import parse_config
+    from corag.training import dataset as examples_dataset
 
-    config = parse_config(examples.ExamplesConfig, ["--config", str(REPO / f"configs/examples/{name}.yaml")])
+    config = parse_config(
+        examples_dataset.ExamplesConfig, ["--config", str(REPO / f"configs/examples/{name}.yaml")]
+    )
     assert config.ratio == 0.2 and config.tokenizer.split("/")[1].lower().startswith(name.split("-")[0][:5])
     sft = load_recipe().parse_args(["--config", str(REPO / f"configs/sft/{name}-full.yaml")])[0]
     assert sft.dataset == config.output  # each SFT config trains on what its examples config builds
@@ -254,7 +256,7 @@ def test_two_processes_reach_the_loss_of_one_with_the_doubled_batch(toy_run, tmp
     tokens averaged across processes): equal losses within 1e-4 (relative) at each of 3 steps and equal
     weights within 1e-4 (float sums in another order). Nothing is built in the distributed run, and the
     tokens are computed once; the checkpoint reloads and decodes."""
-    from corag import examples
+    from corag.training import dataset as examples_dataset
 
     dataset = tmp_path / "examples"
     built = subprocess.run(
@@ -272,7 +274,7 @@ def test_two_processes_reach_the_loss_of_one_with_the_doubled_batch(toy_run, tmp
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert built.returncode == 0, built.stderr[-3000:]
-    manifest = (dataset / examples.MANIFEST).stat().st_mtime_ns
+    manifest = (dataset / examples_dataset.MANIFEST).stat().st_mtime_ns
     common = ["--dataset", str(dataset), "--max_steps", "3", "--save_steps", "100", "--packing", "false"]
     common += ["--padding_free", "true"]  # as the 8B configs (sdpa reads the boundaries on CPU)
     common += ["--gradient_accumulation_steps", "1", "--learning_rate", "1e-3", "--warmup_steps", "0"]
@@ -288,7 +290,7 @@ def test_two_processes_reach_the_loss_of_one_with_the_doubled_batch(toy_run, tmp
     assert "processes: 2" in result.stderr and not re.search(
         r"shard \d+: \d+ chains|tokenize: ", result.stderr
     )
-    assert (dataset / examples.MANIFEST).stat().st_mtime_ns == manifest
+    assert (dataset / examples_dataset.MANIFEST).stat().st_mtime_ns == manifest
     assert (
         not (tmp_path / "two-examples").exists()
         and len([p for p in (dataset / "tokenized").iterdir() if p.is_dir()]) == 1
@@ -327,7 +329,7 @@ def test_min_score_trains_only_on_chains_that_reach_it(tmp_path, toy_run):
 
 
 def test_prebuilt_example_files_become_a_dataset_once(tmp_path, toy_run):
-    from corag import training
+    from corag.training import examples as sft
 
     recipe = load_recipe()
     records = [
@@ -346,7 +348,7 @@ def test_prebuilt_example_files_become_a_dataset_once(tmp_path, toy_run):
     assert load_from_disk(str(out)).to_list() == records
     assert recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run")) == out
     jsonl.write_text(json.dumps({**records[0], "task": "essay"}) + "\n")
-    with pytest.raises(training.InputError, match=r"warm\.jsonl, line 1, id 'w0', field 'task'"):
+    with pytest.raises(sft.InputError, match=r"warm\.jsonl, line 1, id 'w0', field 'task'"):
         recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "other"))
 
 

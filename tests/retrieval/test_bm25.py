@@ -10,11 +10,11 @@ import bm25s
 import numpy as np
 import pytest
 
+from corag.commands.index import main as index_main
 from corag.errors import InputError
 from corag.retrieval import bm25 as bm25_module
 from corag.retrieval import load_retriever
 from corag.retrieval.bm25 import K1, B, BM25Retriever, build_bm25_folder, tokenize
-from corag.retrieval.index import main as index_main
 from corag.types import Passage
 
 PASSAGES = [

@@ -230,12 +230,12 @@ def test_interrupted_import_resumes_without_duplicates(corpus_file, encoder, tmp
 
     real, calls = index_module.atomic_write, []
 
-    def dies_on_the_second_shard(path, write):
+    def dies_on_the_second_shard(path, mode="w"):
         if path.parent.name == CHUNK_DIR:
             calls.append(path)
             if len(calls) == 2:  # killed while the second shard is written
                 raise KeyboardInterrupt
-        real(path, write)
+        return real(path, mode)
 
     monkeypatch.setattr(index_module, "atomic_write", dies_on_the_second_shard)
     with pytest.raises(KeyboardInterrupt):

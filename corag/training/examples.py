@@ -18,7 +18,6 @@ tokens and the template's end-of-turn token carry labels, whatever the chat temp
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -29,6 +28,7 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from corag import prompts
+from corag.data.jsonl import iter_jsonl
 from corag.errors import InputError
 from corag.lm.base import Message
 from corag.retrieval.base import Retriever
@@ -149,20 +149,13 @@ def iter_chains(path: str | Path, min_score: float | None = None) -> Iterator[Ch
     the chain) is below it is left out, so the model never learns to give the gold answer after a chain
     that does not lead to it. By default every record is kept, as the paper keeps each question's best.
     """
-    with open(path, encoding="utf-8") as f:
-        for lineno, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise InputError(f"not valid JSON ({e.msg})", file=str(path), line=lineno) from None
-            chain = parse_chain(obj, file=str(path), line=lineno)
-            if min_score is not None and chain.score is None:
-                where = {"file": str(path), "line": lineno, "record": chain.id}
-                raise InputError("has no score to compare with min_score", field="score", **where)
-            if min_score is None or chain.score >= min_score:
-                yield chain
+    for lineno, obj in iter_jsonl(path):
+        chain = parse_chain(obj, file=str(path), line=lineno)
+        if min_score is not None and chain.score is None:
+            where = {"file": str(path), "line": lineno, "record": chain.id}
+            raise InputError("has no score to compare with min_score", field="score", **where)
+        if min_score is None or chain.score >= min_score:
+            yield chain
 
 
 def load_chains(path: str | Path, min_score: float | None = None) -> list[ChainRecord]:
@@ -365,8 +358,6 @@ def _stop_scores(
 def load_example_file(path: str | Path) -> list[dict[str, Any]]:
     """Prebuilt examples (prompt/completion JSONL, as `build_examples` or corag.toy.warmstart write them),
     checked: an InputError names the line and field of a malformed one."""
-    from corag.data.jsonl import iter_jsonl
-
     examples = []
     for line, record in iter_jsonl(path):
         where = {"file": str(path), "line": line, "record": str(record.get("id"))}

@@ -1,16 +1,15 @@
-"""`corag build-examples`: chains become a three-task prompt/completion dataset on disk, once.
+"""The examples dataset on disk: chains become a three-task prompt/completion dataset, once.
 
-    corag build-examples --config configs/examples/llama3.1-8b.yaml [--key value ...]
-
-The chains file (as `corag sample` writes it) is streamed in shards of `shard_chains` chains. Each shard's
-examples (sub-query, sub-answer, final answer, and learned-stop on request; see corag/training.py) are
-saved as a small Arrow dataset the moment they are built, so a killed build resumes at the first missing
-shard and memory stays bounded by one shard whatever the file's size. Documents come from each step's
-`steps[].doc_ids` and the record's `context_doc_ids`; only where they are missing is a retriever loaded
-(`index` folder or `retriever_url`). The finished dataset appears at `output` in one rename: the shards'
-Arrow files side by side, as `datasets.save_to_disk` lays out a sharded dataset (linked, not copied), with
-`examples.json` beside them (settings and counts per task); a rerun with the same settings leaves it as it
-is, and two processes building the same output take turns (a lock file).
+`corag build-examples` (corag/commands/build_examples.py) and the SFT recipe build it with `build`. The
+chains file (as `corag sample` writes it) is streamed in shards of `shard_chains` chains. Each shard's
+examples (sub-query, sub-answer, final answer, and learned-stop on request; see corag/training/examples.py)
+are saved as a small Arrow dataset the moment they are built, so a killed build resumes at the first
+missing shard and memory stays bounded by one shard whatever the file's size. Documents come from each
+step's `steps[].doc_ids` and the record's `context_doc_ids`; only where they are missing is a retriever
+loaded (`index` folder or `retriever_url`). The finished dataset appears at `output` in one rename: the
+shards' Arrow files side by side, as `datasets.save_to_disk` lays out a sharded dataset (linked, not
+copied), with `examples.json` beside them (settings and counts per task); a rerun with the same settings
+leaves it as it is, and two processes building the same output take turns (a lock file).
 
 Columns: prompt and completion (chat messages), task, id, and the provenance chain_id and step. Plain
 `trl sft` reads it as `datasets: [{path: arrow, data_files: OUTPUT/data-*.arrow}]`.
@@ -18,28 +17,34 @@ Columns: prompt and completion (chat messages), task, id, and the provenance cha
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import itertools
 import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corag import training
-from corag.config import parse_config
-from corag.data.jsonl import atomic_folder, atomic_write, file_sha256
+from corag.data.jsonl import atomic_folder, atomic_write, file_sha256, locked
 from corag.errors import InputError
+from corag.training.examples import (
+    DEFAULT_RATIO,
+    TASKS,
+    ChainRecord,
+    TokenizerTruncator,
+    build_examples,
+    iter_chains,
+    lm_prefix_scorer,
+    load_example_file,
+    tokenize_dataset,
+)
 
-logger = logging.getLogger("corag.examples")
+logger = logging.getLogger("corag.training.dataset")
 
 MANIFEST = "examples.json"
 # Settings that do not change the examples (so a resumed or repeated build may differ in them).
@@ -70,7 +75,7 @@ class ExamplesConfig:
         default=None, metadata={"help": "drop chains scored below this; default: keep every chain"}
     )
     ratio: float = field(
-        default=training.DEFAULT_RATIO, metadata={"help": "keep rate of sub-query/sub-answer examples"}
+        default=DEFAULT_RATIO, metadata={"help": "keep rate of sub-query/sub-answer examples"}
     )
     example_seed: int = field(default=0, metadata={"help": "seed of the ratio draws (one draw per example)"})
     stop_examples: bool = field(default=False, metadata={"help": "add learned-stop (Yes/No) examples"})
@@ -119,22 +124,6 @@ def settings(config: ExamplesConfig) -> dict[str, Any]:
     return {**values, "chains_sha256": file_sha256(config.chains)}
 
 
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on `PATH.lock`: one process builds while the others wait (no collective, no timeout)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.warning("waiting for another process building %s", path)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def read_manifest(folder: str | Path) -> dict[str, Any] | None:
     """The manifest of a finished dataset folder, or None when there is none."""
     path = Path(folder) / MANIFEST
@@ -181,18 +170,18 @@ def _prefix_scorer(config: ExamplesConfig) -> Any:
             from corag.lm.settings import EngineSettings
 
             engine = EngineSettings(chat_template_kwargs=config.chat_template_kwargs)
-            scorer.append(training.lm_prefix_scorer(engine.load(config.scorer_model)))
+            scorer.append(lm_prefix_scorer(engine.load(config.scorer_model)))
         return scorer[0](chains)
 
     return score
 
 
-def _truncator(config: ExamplesConfig) -> training.TokenizerTruncator | None:
+def _truncator(config: ExamplesConfig) -> TokenizerTruncator | None:
     if config.tokenizer is None:
         return None
     from transformers import AutoTokenizer
 
-    return training.TokenizerTruncator(AutoTokenizer.from_pretrained(config.tokenizer))
+    return TokenizerTruncator(AutoTokenizer.from_pretrained(config.tokenizer))
 
 
 class _ShardBuilder:
@@ -205,11 +194,11 @@ class _ShardBuilder:
         self.retriever = _LazyRetriever(config) if (config.index or config.retriever_url) else None
         self.scorer = _prefix_scorer(config)
 
-    def __call__(self, folder: Path, batch: list[training.ChainRecord]) -> tuple[int, int]:
+    def __call__(self, folder: Path, batch: list[ChainRecord]) -> tuple[int, int]:
         from datasets import Dataset
 
         config = self.config
-        examples = training.build_examples(
+        examples = build_examples(
             batch,
             self.corpus,
             retriever=self.retriever,
@@ -231,14 +220,14 @@ def _init_worker(config: ExamplesConfig) -> None:
     _WORKER.append(_ShardBuilder(config))
 
 
-def _in_worker(folder: Path, batch: list[training.ChainRecord]) -> tuple[int, int]:
+def _in_worker(folder: Path, batch: list[ChainRecord]) -> tuple[int, int]:
     return _WORKER[0](folder, batch)
 
 
 def _write_shards(config: ExamplesConfig, work: Path) -> int:
     """Build every missing shard of `work` (in `num_proc` processes, at most two shards each in flight,
     so memory stays bounded); the number of shards."""
-    chains = training.iter_chains(config.chains, config.min_score)
+    chains = iter_chains(config.chains, config.min_score)
     batches = enumerate(iter(lambda: list(itertools.islice(chains, config.shard_chains)), []))
     shards = 0
     if config.num_proc == 1:
@@ -298,7 +287,7 @@ def _finish(work: Path, out: Path, shards: int, wanted: dict[str, Any]) -> dict[
         "settings": wanted,
         "examples": sum(counts.values()),
         "chains": chains,
-        "tasks": {task: counts.get(task, 0) for task in training.TASKS},
+        "tasks": {task: counts.get(task, 0) for task in TASKS},
     }
     names = [f"data-{k:05d}-of-{len(sources):05d}.arrow" for k in range(len(sources))]
     state["_data_files"] = [{"filename": name} for name in names]
@@ -323,7 +312,7 @@ def build(config: ExamplesConfig) -> Path:
         if getattr(config, name) < 1:
             raise InputError("must be at least 1", field=name)
     out, wanted = Path(config.output), settings(config)
-    with locked(out):
+    with locked(out, "building"):
         found = read_manifest(out)
         if found is not None:
             _check_same(found["settings"], wanted, out / MANIFEST)
@@ -360,19 +349,19 @@ def from_jsonl(path: str | Path, output: str | Path) -> Path:
     if not source.is_file():
         raise InputError("no such file", file=str(source), field="examples")
     wanted = {"examples_sha256": file_sha256(source)}
-    with locked(out):
+    with locked(out, "building"):
         found = read_manifest(out)
         if found is not None:
             _check_same(found["settings"], wanted, out / MANIFEST)
             return out
-        records = training.load_example_file(source)
+        records = load_example_file(source)
         columns = ("prompt", "completion", "task", "id")
         dataset = Dataset.from_list([{k: r.get(k) for k in columns} for r in records])
         counts = Counter(r["task"] for r in records)
         manifest = {
             "settings": wanted,
             "examples": len(records),
-            "tasks": {task: counts.get(task, 0) for task in training.TASKS},
+            "tasks": {task: counts.get(task, 0) for task in TASKS},
         }
         with atomic_folder(out) as tmp:
             dataset.save_to_disk(str(tmp))
@@ -416,7 +405,7 @@ def tokenized(
     cache = Path(dataset_dir) / "tokenized" / fingerprint(tokenizer, chat_template_kwargs, max_length)
     if (cache / "dataset_info.json").is_file():  # finished folders appear in one rename
         return load_from_disk(str(cache))
-    with locked(cache):
+    with locked(cache, "building"):
         if not (cache / "dataset_info.json").is_file():
             with atomic_folder(cache) as tmp, tempfile.TemporaryDirectory(dir=cache.parent) as work:
                 _tokenize_into(
@@ -436,7 +425,7 @@ def _tokenize_into(
 ) -> None:
     from datasets import load_from_disk
 
-    dataset = training.tokenize_dataset(
+    dataset = tokenize_dataset(
         load_from_disk(str(dataset_dir)),
         tokenizer,
         chat_template_kwargs,
@@ -458,10 +447,3 @@ def _tokenize_into(
                 cache_file_name=str(work / "kept.arrow"),
             )
     dataset.save_to_disk(str(out), max_shard_size="500MB")
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    config = parse_config(ExamplesConfig, argv, __doc__.splitlines()[0])
-    print(build(config))
-    return 0

@@ -1,4 +1,4 @@
-"""`corag build-examples` (corag/examples.py): sampled chains become an Arrow dataset once, resumably."""
+"""`corag build-examples` (corag/training/dataset.py): sampled chains become an Arrow dataset once, resumably."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from datasets import load_dataset, load_from_disk
 from transformers import AutoTokenizer
 
-from corag import examples, training
 from corag.cli import main as cli
 from corag.errors import InputError
 from corag.sampling import SampledChain, SamplingConfig, chain_record
+from corag.training import dataset, examples
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +27,8 @@ def sampled(toy_world, tmp_path_factory) -> Path:
     return path
 
 
-def config(sampled: Path, toy_dir: Path, tiny_model_dir: Path, out: Path, **kw) -> examples.ExamplesConfig:
-    return examples.ExamplesConfig(
+def config(sampled: Path, toy_dir: Path, tiny_model_dir: Path, out: Path, **kw) -> dataset.ExamplesConfig:
+    return dataset.ExamplesConfig(
         chains=str(sampled),
         corpus=str(toy_dir / "corpus.jsonl"),
         output=str(out),
@@ -51,10 +51,10 @@ def test_sampled_chains_become_examples_without_any_retriever(sampled, toy_dir, 
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert "doc_ids" not in json.loads(sampled.read_text().splitlines()[0])  # only steps[].doc_ids
-    expected = training.build_examples(
-        training.load_chains(sampled),
+    expected = examples.build_examples(
+        examples.load_chains(sampled),
         Corpus.load(toy_dir / "corpus.jsonl"),
-        truncator=training.TokenizerTruncator(tokenizer),
+        truncator=examples.TokenizerTruncator(tokenizer),
     )
     assert built == expected
     # Sub-answer prompts read the documents of the step (steps[].doc_ids), in order.
@@ -65,10 +65,10 @@ def test_sampled_chains_become_examples_without_any_retriever(sampled, toy_dir, 
     for e in subanswers:
         (doc_id, *_) = records[e["chain_id"]]["steps"][e["step"]]["doc_ids"]
         assert corpus.get_many([doc_id])[0].contents in e["prompt"][0]["content"]
-    manifest = examples.read_manifest(out)
+    manifest = dataset.read_manifest(out)
     assert manifest["chains"] == len(records) == sum(e["task"] == "final" for e in built)
-    assert manifest["tasks"] == {t: sum(e["task"] == t for e in built) for t in training.TASKS}
-    assert not (tmp_path / "examples.partial").exists()
+    assert manifest["tasks"] == {t: sum(e["task"] == t for e in built) for t in examples.TASKS}
+    assert not (tmp_path / "dataset.partial").exists()
 
 
 def test_a_step_without_doc_ids_and_no_retriever_names_the_setting(
@@ -90,19 +90,19 @@ def test_a_step_without_doc_ids_and_no_retriever_names_the_setting(
 def test_building_twice_or_after_an_interruption_gives_the_same_dataset(
     sampled, toy_dir, tiny_model_dir, tmp_path, monkeypatch
 ):
-    whole = examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "a"))
+    whole = dataset.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "a"))
     first = rows(whole)
-    stamp = (whole / examples.MANIFEST).stat().st_mtime_ns
-    assert examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "a")) == whole
-    assert (whole / examples.MANIFEST).stat().st_mtime_ns == stamp and rows(whole) == first
+    stamp = (whole / dataset.MANIFEST).stat().st_mtime_ns
+    assert dataset.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "a")) == whole
+    assert (whole / dataset.MANIFEST).stat().st_mtime_ns == stamp and rows(whole) == first
     # The same chains elsewhere, with a new time stamp: the same dataset, found, not rebuilt.
     moved = tmp_path / "moved-chains.jsonl"
     moved.write_bytes(Path(sampled).read_bytes())
-    assert examples.build(config(moved, toy_dir, tiny_model_dir, tmp_path / "a")) == whole
-    assert (whole / examples.MANIFEST).stat().st_mtime_ns == stamp
+    assert dataset.build(config(moved, toy_dir, tiny_model_dir, tmp_path / "a")) == whole
+    assert (whole / dataset.MANIFEST).stat().st_mtime_ns == stamp
 
     # Killed while building the third shard: two shards are kept, no dataset appears.
-    real, calls = training.build_examples, []
+    real, calls = examples.build_examples, []
 
     def dies_on_third(*args, **kwargs):
         calls.append(1)
@@ -110,24 +110,24 @@ def test_building_twice_or_after_an_interruption_gives_the_same_dataset(
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(training, "build_examples", dies_on_third)
+    monkeypatch.setattr(dataset, "build_examples", dies_on_third)
     with pytest.raises(KeyboardInterrupt):
-        examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b"))
+        dataset.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b"))
     partial = tmp_path / "b.partial"
     assert not (tmp_path / "b").exists()
     assert sorted(p.name for p in partial.iterdir() if p.is_dir()) == ["shard-00000", "shard-00001"]
 
     # Resumed (in two processes): only the missing shards are built, and the dataset is the uninterrupted one.
-    monkeypatch.setattr(training, "build_examples", real)
-    resumed = examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b", num_proc=2))
+    monkeypatch.setattr(dataset, "build_examples", real)
+    resumed = dataset.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b", num_proc=2))
     assert rows(resumed) == first and len({e["id"] for e in first}) == len(first)
-    assert examples.read_manifest(resumed) == examples.read_manifest(whole)
+    assert dataset.read_manifest(resumed) == dataset.read_manifest(whole)
     assert not partial.exists()
     with pytest.raises(InputError, match=r"b[/\\]examples\.json: was built with other settings \(ratio\)"):
-        examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b", ratio=0.5))
+        dataset.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "b", ratio=0.5))
 
     # One shard or many: the same rows, also through plain `arrow` data files as `trl sft` reads them.
-    single = examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "c", shard_chains=10_000))
+    single = dataset.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "c", shard_chains=10_000))
     assert len(list(whole.glob("data-*.arrow"))) > 1 == len(list(single.glob("data-*.arrow")))
     assert rows(single) == first
     plain = load_dataset("arrow", data_files=str(whole / "data-*.arrow"), split="train")
@@ -135,24 +135,24 @@ def test_building_twice_or_after_an_interruption_gives_the_same_dataset(
 
 
 def test_tokenized_once_and_cut_to_max_length(sampled, toy_dir, tiny_model_dir, tmp_path, monkeypatch):
-    out = examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "ex", shard_chains=1000))
+    out = dataset.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "ex", shard_chains=1000))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    full = examples.tokenized(out, tokenizer)
+    full = dataset.tokenized(out, tokenizer)
     lengths = sorted(full["length"])
     assert lengths == sorted(len(ids) for ids in full["input_ids"])
     cap = lengths[len(lengths) // 2]
-    cut = examples.tokenized(out, tokenizer, max_length=cap)
+    cut = dataset.tokenized(out, tokenizer, max_length=cap)
     assert len(cut) == sum(n <= cap for n in lengths) < len(full)
     assert max(cut["length"]) <= cap
     # A second call reads the cache: nothing is tokenized again.
-    monkeypatch.setattr(training, "tokenize_dataset", lambda *a, **k: pytest.fail("tokenized twice"))
-    assert examples.tokenized(out, tokenizer, max_length=cap)["id"] == cut["id"]
+    monkeypatch.setattr(dataset, "tokenize_dataset", lambda *a, **k: pytest.fail("tokenized twice"))
+    assert dataset.tokenized(out, tokenizer, max_length=cap)["id"] == cut["id"]
     with pytest.raises(InputError, match="no example fits max_length 3"):
         monkeypatch.undo()
-        examples.tokenized(out, tokenizer, max_length=3)
+        dataset.tokenized(out, tokenizer, max_length=3)
 
 
-def _flags(cfg: examples.ExamplesConfig) -> list[str]:
+def _flags(cfg: dataset.ExamplesConfig) -> list[str]:
     from dataclasses import asdict
 
     return [part for k, v in asdict(cfg).items() if v is not None for part in (f"--{k}", str(v))]
@@ -162,10 +162,10 @@ def test_stop_examples_scored_by_the_model_when_records_lack_prefix_scores(
     sampled, toy_dir, tiny_model_dir, tmp_path
 ):
     with pytest.raises(InputError, match="field 'scorer_model'"):
-        examples.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "none", stop_examples=True))
+        dataset.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "none", stop_examples=True))
     cfg = config(sampled, toy_dir, tiny_model_dir, tmp_path / "stop", stop_examples=True)
     cfg.scorer_model = str(tiny_model_dir)
-    built = rows(examples.build(cfg))
+    built = rows(dataset.build(cfg))
     records = [json.loads(line) for line in sampled.read_text().splitlines()]
     stops = [e for e in built if e["task"] == "stop"]
     assert len(stops) == sum(len(r["steps"]) for r in records)

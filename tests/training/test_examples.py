@@ -1,4 +1,4 @@
-"""Three-task example building and the exact tokens trl trains on (corag/training.py)."""
+"""Three-task example building and the exact tokens trl trains on (corag/training/examples.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 
-from corag import prompts, training
+from corag import prompts
 from corag.data.jsonl import write_jsonl
 from corag.errors import InputError
 from corag.retrieval.bm25 import BM25Retriever
 from corag.toy.tinymodel import build_tiny_model
+from corag.training import examples as sft
 
 # Chat templates with the structure of the real Llama-3.1 and Qwen3 ones (system block with dates, trimmed
 # content and <|eot_id|>; ChatML with an empty think block in the last assistant turn and a newline after
@@ -153,7 +154,7 @@ def corpus(toy_dir):
 
 @pytest.fixture(scope="module")
 def chains(toy_world):
-    return [training.parse_chain(chain_record(ex)) for ex in toy_world.train]
+    return [sft.parse_chain(chain_record(ex)) for ex in toy_world.train]
 
 
 @pytest.fixture(scope="module")
@@ -172,10 +173,10 @@ def family_tokenizers(toy_world, tiny_tokenizer) -> dict[str, PreTrainedTokenize
 def examples(chains, corpus, tiny_tokenizer) -> list[dict]:
     """Every kind of example (ratio 1 keeps all; stop examples from made-up prefix scores)."""
     scores = {c.id: [-3.0 + (i == len(c.steps) - 1) for i in range(len(c.steps) + 1)] for c in chains}
-    return training.build_examples(
+    return sft.build_examples(
         chains[:12],
         corpus,
-        truncator=training.TokenizerTruncator(tiny_tokenizer),
+        truncator=sft.TokenizerTruncator(tiny_tokenizer),
         ratio=1.0,
         stop=True,
         prefix_scores=scores,
@@ -206,29 +207,29 @@ def test_bad_chain_records_name_record_and_field(tmp_path, toy_world):
     good = chain_record(toy_world.train[0])
     mismatch = {**good, "query_id": "q-mismatch", "subanswers": good["subanswers"][:-1]}
     with pytest.raises(InputError, match=r"q-mismatch.*subanswers"):
-        training.parse_chain(mismatch)
+        sft.parse_chain(mismatch)
     for answers in ([], [""]):
         with pytest.raises(InputError, match=r"q-empty.*answers"):
-            training.parse_chain({**good, "query_id": "q-empty", "answers": answers})
+            sft.parse_chain({**good, "query_id": "q-empty", "answers": answers})
     path = tmp_path / "chains.jsonl"
     path.write_text(
         json.dumps(good) + "\n" + json.dumps({**good, "query_id": "q3", "doc_ids": [["x"]]}) + "\n"
     )
     with pytest.raises(InputError, match=r"chains\.jsonl, line 2, id 'q3', field 'doc_ids'"):
-        training.load_chains(path)
+        sft.load_chains(path)
 
 
 def test_per_step_doc_ids_of_sampled_records_are_read(toy_world):
     good = chain_record(toy_world.train[0], with_docs=False)
     docs = [list(s.doc_ids) for s in toy_world.train[0].decomposition]
     steps = [{"subquery": q, "doc_ids": d} for q, d in zip(good["subqueries"], docs, strict=True)]
-    chain = training.parse_chain({**good, "steps": steps})
+    chain = sft.parse_chain({**good, "steps": steps})
     assert [list(s.doc_ids) for s in chain.steps] == docs and all(docs)
     with pytest.raises(InputError, match=r"id 'q4', field 'steps\[1\]\.doc_ids'"):
         bad = [steps[0], {**steps[1], "doc_ids": "d1"}, *steps[2:]]
-        training.parse_chain({**good, "query_id": "q4", "steps": bad})
+        sft.parse_chain({**good, "query_id": "q4", "steps": bad})
     with pytest.raises(InputError, match=r"id 'q5', field 'steps': must hold one object per sub-query"):
-        training.parse_chain({**good, "query_id": "q5", "steps": steps[:-1]})
+        sft.parse_chain({**good, "query_id": "q5", "steps": steps[:-1]})
 
 
 def test_min_score_keeps_only_chains_scored_at_least_it(tmp_path, toy_world):
@@ -236,13 +237,13 @@ def test_min_score_keeps_only_chains_scored_at_least_it(tmp_path, toy_world):
     records = [{**chain_record(ex), "score": s} for ex, s in zip(toy_world.train, scores, strict=False)]
     path = tmp_path / "chains.jsonl"
     write_jsonl(path, records[:4])
-    assert [c.id for c in training.load_chains(path)] == [r["query_id"] for r in records[:4]]
-    kept = training.load_chains(path, min_score=-0.69)
+    assert [c.id for c in sft.load_chains(path)] == [r["query_id"] for r in records[:4]]
+    kept = sft.load_chains(path, min_score=-0.69)
     assert [c.id for c in kept] == [records[0]["query_id"], records[1]["query_id"]]
     write_jsonl(path, records)
-    assert len(training.load_chains(path)) == 5  # without min_score a chain needs no score
+    assert len(sft.load_chains(path)) == 5  # without min_score a chain needs no score
     with pytest.raises(InputError, match=rf"line 5, id '{records[4]['query_id']}', field 'score'"):
-        training.load_chains(path, min_score=-0.69)
+        sft.load_chains(path, min_score=-0.69)
 
 
 # ------------------------------------------------------------------------------------------ examples
@@ -252,7 +253,7 @@ def test_examples_match_the_prompts_and_targets(examples, chains, corpus, tiny_t
     by_id = {e["id"]: e for e in examples}
     chain = chains[0]
     task_desc = prompts.task_description(chain.task)
-    tok = training.TokenizerTruncator(tiny_tokenizer)
+    tok = sft.TokenizerTruncator(tiny_tokenizer)
     for i, step in enumerate(chain.steps):
         sq = by_id[f"{chain.id}/subquery/{i}"]
         assert sq["prompt"] == prompts.subquery_messages(chain.query, chain.steps[:i], task_desc, tok)
@@ -272,38 +273,38 @@ def test_examples_match_the_prompts_and_targets(examples, chains, corpus, tiny_t
 
 
 def test_stop_targets_from_prefix_scores():
-    assert training.stop_targets([-3.0, -1.0, -2.0, -0.5]) == ["No", "No", "Yes"]
-    assert training.stop_targets([-0.1, -1.0, -2.0]) == ["Yes", "Yes"]
-    assert training.stop_targets([-2.0, -1.0, -1.0]) == ["Yes", "Yes"]  # ties: the earliest best prefix
+    assert sft.stop_targets([-3.0, -1.0, -2.0, -0.5]) == ["No", "No", "Yes"]
+    assert sft.stop_targets([-0.1, -1.0, -2.0]) == ["Yes", "Yes"]
+    assert sft.stop_targets([-2.0, -1.0, -1.0]) == ["Yes", "Yes"]  # ties: the earliest best prefix
 
 
 def test_ratio_holds_on_a_large_sample(chains, corpus):
     """10k+ sub-query and sub-answer candidates each, kept at 0.2 within 3 sigma; seeded and stable."""
     many = [
-        training.ChainRecord(f"{c.id}-{k}", c.query, c.answers, c.steps, c.context_doc_ids)
+        sft.ChainRecord(f"{c.id}-{k}", c.query, c.answers, c.steps, c.context_doc_ids)
         for k in range(60)
         for c in chains
     ]
     n = sum(len(c.steps) for c in many)
     assert n >= 10_000
-    built = training.build_examples(many, corpus, ratio=0.2, seed=7)
+    built = sft.build_examples(many, corpus, ratio=0.2, seed=7)
     sigma = (n * 0.2 * 0.8) ** 0.5
     for task in ("subquery", "subanswer"):
         kept = sum(e["task"] == task for e in built)
         assert abs(kept - 0.2 * n) < 3 * sigma, (task, kept, n)
     assert sum(e["task"] == "final" for e in built) == len(many)
-    again = training.build_examples(many[:300], corpus, ratio=0.2, seed=7)
-    other = training.build_examples(many[:300], corpus, ratio=0.2, seed=8)
+    again = sft.build_examples(many[:300], corpus, ratio=0.2, seed=7)
+    other = sft.build_examples(many[:300], corpus, ratio=0.2, seed=8)
     assert [e["id"] for e in again] == [e["id"] for e in built[: len(again)]]
     assert [e["id"] for e in again] != [e["id"] for e in other]
 
 
 def test_steps_without_doc_ids_are_re_retrieved(toy_world, corpus):
-    records = [training.parse_chain(chain_record(ex, with_docs=False)) for ex in toy_world.train[:20]]
+    records = [sft.parse_chain(chain_record(ex, with_docs=False)) for ex in toy_world.train[:20]]
     with pytest.raises(InputError, match="nothing to re-retrieve them with: set `index`"):
-        training.build_examples(records, corpus, ratio=1.0)
+        sft.build_examples(records, corpus, ratio=1.0)
     retriever = BM25Retriever.from_passages(toy_world.passages)
-    built = training.build_examples(records, corpus, retriever=retriever, ratio=1.0)
+    built = sft.build_examples(records, corpus, retriever=retriever, ratio=1.0)
     for record, ex in zip(records, toy_world.train[:20], strict=True):
         hits = retriever.search([record.query], 20)[0]
         final = next(e for e in built if e["id"] == f"{record.id}/final/0")
@@ -329,7 +330,7 @@ def hflm(tiny_model_dir):
 
 def test_truncator_agrees_with_the_hf_backend(hflm, toy_world):
     lm = hflm
-    mine = training.TokenizerTruncator(lm.tokenizer)
+    mine = sft.TokenizerTruncator(lm.tokenizer)
     text = " ".join(p.contents for p in toy_world.passages[:20])
     for n, middle in [(184, False), (31, True), (30, True), (10_000, False)]:
         cut = mine.truncate_tokens(text, n, middle=middle)
@@ -338,25 +339,25 @@ def test_truncator_agrees_with_the_hf_backend(hflm, toy_world):
 
 
 def test_lm_prefix_scores_give_stop_examples(hflm, chains, corpus):
-    scorer = training.lm_prefix_scorer(hflm)
-    built = training.build_examples(chains[:3], corpus, ratio=0.0, stop=True, prefix_scores=scorer)
+    scorer = sft.lm_prefix_scorer(hflm)
+    built = sft.build_examples(chains[:3], corpus, ratio=0.0, stop=True, prefix_scores=scorer)
     scores = scorer(chains[:3])
     for chain, s in zip(chains[:3], scores, strict=True):
         assert len(s) == len(chain.steps) + 1 and all(x < 0 for x in s)
         targets = [e["completion"][0]["content"] for e in built if e["id"].startswith(chain.id + "/stop/")]
-        assert targets == training.stop_targets(s)
+        assert targets == sft.stop_targets(s)
 
 
 def test_jsonl_round_trip(tmp_path, examples):
     path = tmp_path / "x" / "examples.jsonl"
     write_jsonl(path, examples)
-    assert training.load_example_file(path) == examples
+    assert sft.load_example_file(path) == examples
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({**examples[0], "completion": "Mina"}) + "\n")
     with pytest.raises(InputError, match="completion"):
-        training.load_example_file(bad)
+        sft.load_example_file(bad)
     assert not [p for p in path.parent.iterdir() if p.suffix == ".tmp"]
-    ds = training.to_dataset(examples)
+    ds = sft.to_dataset(examples)
     assert set(ds.column_names) >= {"prompt", "completion", "task"}
 
 
@@ -368,9 +369,9 @@ def test_only_target_and_end_of_turn_carry_labels(family, family_tokenizers, exa
     """Through the recipe's path (our tokenization, trl's preparation and collator), per task."""
     tokenizer = family_tokenizers[family]
     end = {"tiny": "<|end|>", "llama3.1": "<|eot_id|>", "qwen3": "<|im_end|>"}[family]
-    sample = [next(e for e in examples if e["task"] == task) for task in training.TASKS]
+    sample = [next(e for e in examples if e["task"] == task) for task in sft.TASKS]
     kwargs = {"enable_thinking": False} if family == "qwen3" else None
-    dataset = training.tokenize_dataset(training.to_dataset(sample), tokenizer, kwargs)
+    dataset = sft.tokenize_dataset(sft.to_dataset(sample), tokenizer, kwargs)
     trainer = sft_trainer(tokenizer, dataset, tmp_path, per_device_train_batch_size=4)
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(sample))])
     end_id = tokenizer.convert_tokens_to_ids(end)
@@ -395,7 +396,7 @@ def test_qwen3_default_rendering_keeps_think_block_unlabelled(family_tokenizers,
     """With thinking on by default, the empty think block sits after the generation prompt: still no label."""
     tokenizer = family_tokenizers["qwen3"]
     example = next(e for e in examples if e["task"] == "final")
-    out = training.tokenize_example(tokenizer, example["prompt"], example["completion"])
+    out = sft.tokenize_example(tokenizer, example["prompt"], example["completion"])
     labelled = [i for i in out["labels"] if i != -100]
     assert tokenizer.decode(labelled) == example["completion"][0]["content"] + "<|im_end|>"
     assert "<think>\n\n</think>\n\n" + example["completion"][0]["content"] in tokenizer.decode(
@@ -408,7 +409,7 @@ def test_packed_rows_do_not_attend_across_examples(family_tokenizers, examples, 
     loss of the same examples padded in one batch, so no example sees another."""
     tokenizer = family_tokenizers["tiny"]
     sample = examples[:6]
-    dataset = training.tokenize_dataset(training.to_dataset(sample), tokenizer)
+    dataset = sft.tokenize_dataset(sft.to_dataset(sample), tokenizer)
     total = sum(len(ids) for ids in dataset["input_ids"])
     packed = sft_trainer(tokenizer, dataset, tmp_path / "p", packing=True, max_length=total)
     padded = sft_trainer(tokenizer, dataset, tmp_path / "q", packing=False, max_length=total)

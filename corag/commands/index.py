@@ -1,0 +1,128 @@
+"""`corag index`: dense indexes (encoded, sharded over processes, or imported) and BM25 indexes.
+
+    corag index CORPUS --out DIR [--kind bm25] [--model minilm] [--shard i --num-shards n | --merge]
+    corag index CORPUS --out DIR --from-embeddings DIR        # the released CoRAG embeddings
+    corag index CORPUS --out DIR --approx ivf-pq              # also an approximate faiss index
+
+How the folders are laid out, resumed and merged: corag/retrieval/index.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corag.config import parse_config
+from corag.data.corpus import Corpus
+from corag.retrieval.dense import Encoder, resolve_model
+from corag.retrieval.index import (
+    APPROX_KINDS,
+    DEFAULT_CHUNK_SIZE,
+    build_approx,
+    build_bm25,
+    build_dense,
+    import_embeddings,
+    is_complete,
+    merge_dense,
+)
+
+
+@dataclass
+class IndexConfig:
+    """What `corag index` builds, from which corpus, and where."""
+
+    corpus: str = field(
+        metadata={"positional": True, "help": "corpus source (see `corag corpus prepare`) or prepared store"}
+    )
+    out: str = field(metadata={"help": "index folder (created; resumed if it holds a partial build)"})
+    kind: str = field(default="dense", metadata={"choices": ["dense", "bm25"]})
+    model: str = field(
+        default="e5-large-v2", metadata={"help": "preset (e5-large-v2, e5-base-v2, minilm) or path"}
+    )
+    query_prefix: str | None = field(default=None, metadata={"help": "overrides the preset's query prefix"})
+    passage_prefix: str | None = field(
+        default=None, metadata={"help": "overrides the preset's passage prefix"}
+    )
+    query_max_length: int | None = field(default=None, metadata={"help": "query tokens kept (E5: 64)"})
+    chunk_size: int = field(default=DEFAULT_CHUNK_SIZE, metadata={"help": "passages per saved chunk"})
+    batch_size: int = field(default=64, metadata={"help": "encoder batch size"})
+    dtype: str = field(
+        default="float16", metadata={"choices": ["float16", "float32"], "help": "stored vector type"}
+    )
+    device: str | None = field(
+        default=None, metadata={"help": "encoder device (default: GPU if present, in fp16)"}
+    )
+    shard: int = field(default=0, metadata={"help": "which contiguous part of the chunks to encode"})
+    num_shards: int = field(default=1, metadata={"help": "parts the encoding is split into"})
+    merge: bool = field(default=False, metadata={"help": "complete a sharded build (checks every chunk)"})
+    from_embeddings: str | None = field(
+        default=None, metadata={"help": "import NAME-shard-N.pt files instead of encoding"}
+    )
+    approx: str | None = field(
+        default=None,
+        metadata={
+            "choices": list(APPROX_KINDS),
+            "help": "also build this approximate index (a finished folder is used as it is)",
+        },
+    )
+    factory: str | None = field(
+        default=None, metadata={"help": "faiss index_factory string (overrides --approx's)"}
+    )
+    nlist: int | None = field(default=None, metadata={"help": "IVF lists (default about 4 x sqrt(rows))"})
+    pq_m: int = field(default=64, metadata={"help": "IVF-PQ bytes per vector"})
+    hnsw_m: int = field(default=32, metadata={"help": "HNSW neighbours per node"})
+    nprobe: int = field(default=32, metadata={"help": "IVF lists searched per query"})
+    ef_search: int = field(default=128, metadata={"help": "HNSW search depth"})
+    rerank: int = field(default=100, metadata={"help": "candidates re-scored exactly (0: none)"})
+    train_size: int = field(default=200_000, metadata={"help": "vectors used to train IVF / PQ"})
+    overwrite: bool = field(default=False, metadata={"help": "delete the folder's contents first"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_config(IndexConfig, argv, __doc__.splitlines()[0])
+    corpus = Corpus.load(args.corpus)
+    if args.kind == "bm25":
+        out = build_bm25(corpus, args.out, overwrite=args.overwrite)
+        print(f"bm25 index of {len(corpus)} passages written to {out}")
+        return 0
+    out = Path(args.out)
+    finished = is_complete(out, {"kind": "dense", "corpus_size": len(corpus)})
+    if args.approx and finished and not (args.from_embeddings or args.merge or args.overwrite):
+        print(f"adding an approximate index to the finished index in {out}")
+    else:
+        model, qp, pp, qmax = resolve_model(args.model)
+        encoder = Encoder(
+            model,
+            qp if args.query_prefix is None else args.query_prefix,
+            pp if args.passage_prefix is None else args.passage_prefix,
+            qmax if args.query_max_length is None else args.query_max_length,
+            device=args.device,
+            batch_size=args.batch_size,
+        )
+        if args.from_embeddings:
+            out = import_embeddings(corpus, out, args.from_embeddings, encoder, args.dtype, args.overwrite)
+        elif args.merge:
+            out = merge_dense(corpus, out)
+        else:
+            out = build_dense(
+                corpus, out, encoder, args.chunk_size, args.dtype, args.overwrite, args.shard, args.num_shards
+            )
+            if args.num_shards > 1:
+                return 0
+        print(f"dense index of {len(corpus)} passages written to {out}")
+    if args.approx:
+        report = build_approx(
+            out,
+            args.approx,
+            factory=args.factory,
+            nlist=args.nlist,
+            pq_m=args.pq_m,
+            hnsw_m=args.hnsw_m,
+            nprobe=args.nprobe,
+            ef_search=args.ef_search,
+            rerank=args.rerank,
+            train_size=args.train_size,
+        )
+        print(json.dumps(report))
+    return 0
