@@ -179,7 +179,7 @@ BUILD = """
 import json, sys, time
 from corag.training import dataset
 start = time.perf_counter()
-dataset.build(dataset.ExamplesConfig(chains=sys.argv[1], corpus=sys.argv[2], output=sys.argv[3],
+dataset.build(dataset.ExamplesConfig(chains=sys.argv[1], corpus=sys.argv[2], dataset=sys.argv[3],
                                        tokenizer=sys.argv[4] or None, num_proc=int(sys.argv[5])))
 # VmHWM: this process's own peak (getrusage's maxrss would include the parent's size before exec)
 rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))

@@ -1,6 +1,6 @@
 """Three-task SFT of a chain-of-retrieval model (as in the CoRAG paper), top to bottom.
 
-    corag build-examples --chains chains.jsonl --corpus CORPUS --tokenizer MODEL --output EXAMPLES
+    corag build-examples --chains chains.jsonl --corpus CORPUS --tokenizer MODEL --dataset EXAMPLES
     accelerate launch --config_file configs/accelerate/zero3.yaml recipes/sft.py \
         --config configs/sft/llama3.1-8b-full.yaml --dataset EXAMPLES [--key value ...]
 
@@ -25,75 +25,49 @@ import logging
 import os
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import is_torch_bf16_gpu_available
-from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
+from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
-from corag.config import load_yaml
+from corag.config import parse_config
 from corag.errors import InputError
 from corag.training import dataset as examples_dataset
-from corag.training.examples import DEFAULT_RATIO
+from corag.training.dataset import ExamplesConfig
 
 logger = logging.getLogger("corag.sft")
 
 
 @dataclass
-class DataArguments:
-    """The examples to train on: a dataset `corag build-examples` wrote, or chains to build it from first."""
+class RecipeArguments:
+    """What the recipe takes beside the examples settings (corag.training.dataset.ExamplesConfig, whose
+    `dataset` is the examples folder: given, or built there from `chains` and `corpus`, by default at
+    <output_dir>-examples) and trl's SFTConfig and ModelConfig."""
 
-    dataset: str | None = field(
-        default=None,
-        metadata={
-            "help": "examples dataset folder (`corag build-examples`); with `chains`, where it is built "
-            "(default: <output_dir>-examples, beside the checkpoints)"
-        },
-    )
-    chains: str | None = field(default=None, metadata={"help": "chain records JSONL (sampling stage output)"})
     examples: str | None = field(
         default=None,
         metadata={
             "help": "prebuilt prompt/completion JSONL to train on instead of chains (warm start, baselines)"
         },
     )
-    corpus: str | None = field(
-        default=None, metadata={"help": "corpus (.jsonl/.parquet/dataset folder) for documents"}
-    )
-    index: str | None = field(
-        default=None, metadata={"help": "index folder (`corag index`) to re-retrieve steps without doc ids"}
-    )
-    retriever_url: str | None = field(
-        default=None, metadata={"help": "`corag serve-retriever` address, instead of `index`"}
-    )
-    min_score: float | None = field(
-        default=None,
-        metadata={
-            "help": "drop chains scored below this (mean log-likelihood of the gold answer given the chain); "
-            "default: keep every chain"
-        },
-    )
-    ratio: float = field(
-        default=DEFAULT_RATIO, metadata={"help": "keep rate of sub-query/sub-answer examples"}
-    )
-    example_seed: int = field(default=0, metadata={"help": "seed of the ratio draws"})
-    stop_examples: bool = field(default=False, metadata={"help": "add learned-stop (Yes/No) examples"})
-    chat_template_kwargs: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={"help": 'extra chat template variables, e.g. {"enable_thinking": false} for Qwen3'},
-    )
     merge_lora: bool = field(
         default=False, metadata={"help": "with LoRA, also save a merged model to output_dir/merged"}
     )
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[DataArguments, SFTConfig, ModelConfig]:
-    """Config file plus command-line overrides; an unknown key is an error that names it."""
-    parser = TrlParser((DataArguments, SFTConfig, ModelConfig))
+CONFIGS = (ExamplesConfig, RecipeArguments, SFTConfig, ModelConfig)
+
+
+def parse_args(
+    argv: list[str] | None = None,
+) -> tuple[ExamplesConfig, RecipeArguments, SFTConfig, ModelConfig]:
+    """Config file plus command-line overrides (corag.config, as every command); an unknown key is an
+    error that names it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not is_torch_bf16_gpu_available() and "--bf16" not in argv:
         # bf16 where the device has it: configs written for GPUs also run (in fp32) on CPU.
@@ -106,28 +80,25 @@ def parse_args(argv: list[str] | None = None) -> tuple[DataArguments, SFTConfig,
         # else each process trains alone. bf16 autocast on a CPU (fast with AMX) also needs it.
         argv += ["--use_cpu", "true"]
     try:
-        if "--config" in argv:  # read here so that `base:` files are laid under it (corag.config.load_yaml)
-            at = argv.index("--config")
-            values = load_yaml(argv[at + 1])
-            argv = argv[:at] + argv[at + 2 :]
-            for key, value in values.pop("env", {}).items():
-                os.environ[key] = str(value)
-            unknown = parser.set_defaults_with_config(**values)
-            if unknown:
-                raise ValueError(f"Unknown arguments from config file: {unknown}")
-        data_args, sft_args, model_args = parser.parse_args_and_config(args=argv)
+        data_args, recipe_args, sft_args, model_args = parse_config(CONFIGS, argv, __doc__.splitlines()[0])
+        if isinstance(data_args.chat_template_kwargs, str):
+            data_args.chat_template_kwargs = json.loads(data_args.chat_template_kwargs)
     except (ValueError, InputError) as e:  # messages name the unknown keys; make them a clean CLI error
-        parser.error(str(e))
+        fail(str(e))
     model_args.attn_implementation = attention_implementation(model_args.attn_implementation)
-    if isinstance(data_args.chat_template_kwargs, str):
-        data_args.chat_template_kwargs = json.loads(data_args.chat_template_kwargs)
     if model_args.model_name_or_path is None:
-        parser.error("`model_name_or_path` is required")
+        fail("`model_name_or_path` is required")
     if data_args.chains is not None and data_args.corpus is None:
-        parser.error("`chains` needs `corpus` (the documents of the examples)")
-    if data_args.chains is None and data_args.examples is None and data_args.dataset is None:
-        parser.error("`dataset` (from `corag build-examples`) or `chains` and `corpus` are required")
-    return data_args, sft_args, model_args
+        fail("`chains` needs `corpus` (the documents of the examples)")
+    if data_args.chains is None and recipe_args.examples is None and data_args.dataset is None:
+        fail("`dataset` (from `corag build-examples`) or `chains` and `corpus` are required")
+    return data_args, recipe_args, sft_args, model_args
+
+
+def fail(message: str) -> NoReturn:
+    """A bad config or flag: one line on stderr, exit status 2 (as argparse does)."""
+    print(f"recipes/sft.py: error: {' '.join(message.split())}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def attention_implementation(requested: str | None) -> str | None:
@@ -145,32 +116,22 @@ def attention_implementation(requested: str | None) -> str | None:
     return requested
 
 
-def prepare_examples(data_args: DataArguments, model_path: str, output_dir: str) -> Path:
-    """The examples dataset folder: as given, or built first from `chains` (or `examples` JSONL).
+def prepare_examples(
+    data_args: ExamplesConfig, model_path: str, output_dir: str, examples: str | None = None
+) -> Path:
+    """The examples dataset folder: as given, or built first from `chains` (or the `examples` JSONL).
 
     Every process calls this; `corag build-examples`' lock lets one build while the others wait, with no
-    collective pending (so no ddp_timeout), and a finished dataset is found at once.
+    collective pending (so no ddp_timeout), and a finished dataset is found at once. Documents are cut
+    with the tokenizer of the model being trained, which also scores chain prefixes for stop examples.
     """
     out = Path(output_dir)
     target = Path(data_args.dataset) if data_args.dataset else out.with_name(out.name + "-examples")
     if data_args.chains is not None:
-        config = examples_dataset.ExamplesConfig(
-            chains=data_args.chains,
-            corpus=data_args.corpus,
-            output=str(target),
-            tokenizer=model_path,
-            index=data_args.index,
-            retriever_url=data_args.retriever_url,
-            min_score=data_args.min_score,
-            ratio=data_args.ratio,
-            example_seed=data_args.example_seed,
-            stop_examples=data_args.stop_examples,
-            scorer_model=model_path,  # records without prefix scores are scored by the model to be trained
-            chat_template_kwargs=data_args.chat_template_kwargs,
-        )
+        config = replace(data_args, dataset=str(target), tokenizer=model_path, scorer_model=model_path)
         return examples_dataset.build(config)
-    if data_args.examples is not None:
-        return examples_dataset.from_jsonl(data_args.examples, target)
+    if examples is not None:
+        return examples_dataset.from_jsonl(examples, target)
     if examples_dataset.read_manifest(target) is None:
         raise InputError(
             "is not an examples dataset (build one with `corag build-examples`)",
@@ -220,7 +181,7 @@ def _reads_global(function: Any, name: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    data_args, sft_args, model_args = parse_args(argv)
+    data_args, recipe_args, sft_args, model_args = parse_args(argv)
     if sft_args.use_cpu or not torch.cuda.is_available():
         score_only_labelled_positions()
     logging.basicConfig(level=logging.INFO if sft_args.process_index == 0 else logging.WARNING)
@@ -243,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer.pad_token = tokenizer.eos_token
 
     # 3. Examples: built once (or found built), then tokenized once; every process memory-maps both.
-    dataset_dir = prepare_examples(data_args, model_args.model_name_or_path, sft_args.output_dir)
+    dataset_dir = prepare_examples(
+        data_args, model_args.model_name_or_path, sft_args.output_dir, recipe_args.examples
+    )
     dataset = examples_dataset.tokenized(
         dataset_dir, tokenizer, data_args.chat_template_kwargs, sft_args.max_length, sft_args.dataset_num_proc
     )
@@ -292,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer.save_model(sft_args.output_dir)
     if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(sft_args.output_dir)
-        if model_args.use_peft and data_args.merge_lora:
+        if model_args.use_peft and recipe_args.merge_lora:
             merge_lora(sft_args.output_dir, Path(sft_args.output_dir) / "merged")
     trainer.accelerator.wait_for_everyone()
     logger.info("model saved to %s", sft_args.output_dir)

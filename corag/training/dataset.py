@@ -6,7 +6,7 @@ examples (sub-query, sub-answer, final answer, and learned-stop on request; see 
 are saved as a small Arrow dataset the moment they are built, so a killed build resumes at the first
 missing shard and memory stays bounded by one shard whatever the file's size. Documents come from each
 step's `steps[].doc_ids` and the record's `context_doc_ids`; only where they are missing is a retriever
-loaded (`index` folder or `retriever_url`). The finished dataset appears at `output` in one rename: the
+loaded (`index` folder or `retriever_url`). The finished dataset appears at `dataset` in one rename: the
 shards' Arrow files side by side, as `datasets.save_to_disk` lays out a sharded dataset (linked, not
 copied), with `examples.json` beside them (settings and counts per task); a rerun with the same settings
 leaves it as it is, and two processes building the same output take turns (a lock file).
@@ -48,16 +48,23 @@ logger = logging.getLogger("corag.training.dataset")
 
 MANIFEST = "examples.json"
 # Settings that do not change the examples (so a resumed or repeated build may differ in them).
-NOT_CONTENT = ("chains", "output", "num_proc", "index", "retriever_url", "scorer_model")
+NOT_CONTENT = ("chains", "dataset", "num_proc", "index", "retriever_url", "scorer_model")
 
 
 @dataclass
 class ExamplesConfig:
-    """What `corag build-examples` reads and how it turns chains into examples."""
+    """What `corag build-examples` reads and how it turns chains into examples; the SFT recipe takes the
+    same settings (it builds the examples first when given chains)."""
 
-    chains: str = field(metadata={"help": "chain records JSONL (`corag sample` output)"})
-    corpus: str = field(metadata={"help": "corpus (.jsonl/.parquet/dataset folder or `corag corpus` store)"})
-    output: str = field(metadata={"help": "dataset folder to write (datasets.save_to_disk)"})
+    _argument_group_name = "examples (corag.training.dataset)"
+
+    chains: str | None = field(default=None, metadata={"help": "chain records JSONL (`corag sample` output)"})
+    corpus: str | None = field(
+        default=None, metadata={"help": "corpus (.jsonl/.parquet/dataset folder or `corag corpus` store)"}
+    )
+    dataset: str | None = field(
+        default=None, metadata={"help": "examples dataset folder (datasets.save_to_disk) to write or read"}
+    )
     tokenizer: str | None = field(
         default=None,
         metadata={
@@ -134,7 +141,7 @@ def _check_same(found: Mapping[str, Any], wanted: Mapping[str, Any], where: Path
     if dict(found) != dict(wanted):
         keys = sorted(k for k in set(found) | set(wanted) if found.get(k) != wanted.get(k))
         raise InputError(
-            f"was built with other settings ({', '.join(keys)}); choose another output or delete it",
+            f"was built with other settings ({', '.join(keys)}); choose another dataset folder or delete it",
             file=str(where),
         )
 
@@ -307,11 +314,14 @@ def _finish(work: Path, out: Path, shards: int, wanted: dict[str, Any]) -> dict[
 
 
 def build(config: ExamplesConfig) -> Path:
-    """Build (or resume, or find already built) the examples dataset at `config.output`."""
+    """Build (or resume, or find already built) the examples dataset at `config.dataset`."""
+    for name in ("chains", "corpus", "dataset"):
+        if not getattr(config, name):
+            raise InputError("required to build examples", field=name)
     for name in ("shard_chains", "num_proc"):
         if getattr(config, name) < 1:
             raise InputError("must be at least 1", field=name)
-    out, wanted = Path(config.output), settings(config)
+    out, wanted = Path(config.dataset), settings(config)
     with locked(out, "building"):
         found = read_manifest(out)
         if found is not None:

@@ -18,6 +18,8 @@ from datasets import load_from_disk
 from safetensors.torch import load_file
 from transformers.utils import is_torch_bf16_gpu_available
 
+from corag.training.dataset import ExamplesConfig
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "sft.py"
 ACCELERATE = Path(sys.executable).parent / "accelerate"
@@ -132,7 +134,10 @@ def test_shipped_configs_parse(name):
     from corag.config import load_yaml
 
     path = REPO / f"configs/sft/{name}.yaml"
-    data, sft, model = load_recipe().parse_args(["--config", str(path)])
+    paths = (
+        ["--model_name_or_path", "m", "--dataset", "d"] if name == "toy" else []
+    )  # given on the command line
+    data, _, sft, model = load_recipe().parse_args(["--config", str(path), *paths])
     if name != "toy":  # the paper's settings: 1 epoch, 100 warmup steps, max length 3072 + template
         assert (sft.num_train_epochs, sft.warmup_steps, sft.max_length) == (1, 100, 3200)
         assert load_yaml(path)["bf16"] is True
@@ -161,15 +166,16 @@ def test_shipped_examples_configs_parse(name):
     )
     assert config.ratio == 0.2 and config.tokenizer.split("/")[1].lower().startswith(name.split("-")[0][:5])
     sft = load_recipe().parse_args(["--config", str(REPO / f"configs/sft/{name}-full.yaml")])[0]
-    assert sft.dataset == config.output  # each SFT config trains on what its examples config builds
+    assert sft.dataset == config.dataset  # each SFT config trains on what its examples config builds
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU does")
 def test_bf16_on_request_trains_on_the_cpu_in_autocast():
     config = str(REPO / "configs/sft/toy.yaml")
-    _, sft, _ = load_recipe().parse_args(["--config", config, "--bf16", "true"])
+    paths = ["--model_name_or_path", "m", "--dataset", "d"]
+    _, _, sft, _ = load_recipe().parse_args(["--config", config, *paths, "--bf16", "true"])
     assert sft.bf16 and sft.use_cpu
-    _, sft, _ = load_recipe().parse_args(["--config", config])
+    _, _, sft, _ = load_recipe().parse_args(["--config", config, *paths])
     assert not sft.bf16 and not sft.use_cpu
 
 
@@ -180,7 +186,7 @@ def test_bad_chain_record_stops_the_recipe(tmp_path, toy_run):
     record["subanswers"] = record["subanswers"][:-1]
     bad = tmp_path / "chains.jsonl"
     bad.write_text("\n".join([lines[0], json.dumps(record)]) + "\n")
-    data = recipe.DataArguments(chains=str(bad), corpus=toy_run["corpus"])
+    data = ExamplesConfig(chains=str(bad), corpus=toy_run["corpus"])
     from corag.errors import InputError
 
     with pytest.raises(InputError, match=rf"line 2, id '{record['query_id']}', field 'subanswers'"):
@@ -192,7 +198,7 @@ def test_a_dataset_that_was_not_built_is_named(tmp_path, toy_run):
     recipe = load_recipe()
     from corag.errors import InputError
 
-    data = recipe.DataArguments(dataset=str(tmp_path / "nothing"))
+    data = ExamplesConfig(dataset=str(tmp_path / "nothing"))
     with pytest.raises(InputError, match=r"nothing, field 'dataset': is not an examples dataset"):
         recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run"))
 
@@ -266,7 +272,7 @@ def test_two_processes_reach_the_loss_of_one_with_the_doubled_batch(toy_run, tmp
             toy_run["corpus"],
             "--tokenizer",
             toy_run["model_name_or_path"],
-            "--output",
+            "--dataset",
             str(dataset),
         ],
         capture_output=True,
@@ -312,7 +318,7 @@ def test_min_score_trains_only_on_chains_that_reach_it(tmp_path, toy_run):
     ]
     chains = tmp_path / "scored.jsonl"
     chains.write_text("".join(json.dumps(r) + "\n" for r in records))
-    data = recipe.DataArguments(chains=str(chains), corpus=toy_run["corpus"], min_score=-0.69)
+    data = ExamplesConfig(chains=str(chains), corpus=toy_run["corpus"], min_score=-0.69)
     model = toy_run["model_name_or_path"]
     built = load_from_disk(str(recipe.prepare_examples(data, model, str(tmp_path / "a")))).to_list()
     finals = [e["chain_id"] for e in built if e["task"] == "final"]
@@ -343,24 +349,24 @@ def test_prebuilt_example_files_become_a_dataset_once(tmp_path, toy_run):
     ]
     jsonl = tmp_path / "warm.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
-    data = recipe.DataArguments(examples=str(jsonl))
-    out = recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run"))
+    data, warm = ExamplesConfig(), str(jsonl)
+    out = recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run"), warm)
     assert load_from_disk(str(out)).to_list() == records
-    assert recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run")) == out
+    assert recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "run"), warm) == out
     jsonl.write_text(json.dumps({**records[0], "task": "essay"}) + "\n")
     with pytest.raises(sft.InputError, match=r"warm\.jsonl, line 1, id 'w0', field 'task'"):
-        recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "other"))
+        recipe.prepare_examples(data, toy_run["model_name_or_path"], str(tmp_path / "other"), warm)
 
 
 def test_examples_are_reused_only_with_the_same_data_settings(tmp_path, toy_run):
     from corag.errors import InputError
 
     recipe = load_recipe()
-    data = recipe.DataArguments(chains=toy_run["chains"], corpus=toy_run["corpus"])
+    data = ExamplesConfig(chains=toy_run["chains"], corpus=toy_run["corpus"])
     model, run = toy_run["model_name_or_path"], str(tmp_path / "run")
     built = recipe.prepare_examples(data, model, run)
     assert built == tmp_path / "run-examples"
-    assert recipe.prepare_examples(recipe.DataArguments(dataset=str(built)), model, run) == built
+    assert recipe.prepare_examples(ExamplesConfig(dataset=str(built)), model, run) == built
     assert recipe.prepare_examples(data, model, run) == built
     data.ratio = 0.5
     with pytest.raises(InputError, match=r"other settings \(ratio\)"):

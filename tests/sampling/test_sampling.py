@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from corag.commands.sample import main
 from corag.data.corpus import Corpus
 from corag.data.formats import load_examples, load_multihopqa
 from corag.data.jsonl import write_jsonl
@@ -25,7 +26,6 @@ from corag.retrieval.bm25 import BM25Retriever, build_bm25_folder
 from corag.sampling import (
     SamplingConfig,
     chain_lengths,
-    main,
     merge_shards,
     run_sampling,
     shard_path,

@@ -31,7 +31,7 @@ def config(sampled: Path, toy_dir: Path, tiny_model_dir: Path, out: Path, **kw) 
     return dataset.ExamplesConfig(
         chains=str(sampled),
         corpus=str(toy_dir / "corpus.jsonl"),
-        output=str(out),
+        dataset=str(out),
         tokenizer=str(tiny_model_dir),
         shard_chains=kw.pop("shard_chains", 25),
         **kw,
