@@ -469,8 +469,9 @@ class _Queue:
                 future.set_result(output)
 
 
-class AsyncExecutor:
-    """Runs strategy coroutines as asyncio tasks with batched, overlapping backend calls.
+class AsyncExecutor(Executor):
+    """Runs strategy coroutines as asyncio tasks with batched, overlapping backend calls (the same
+    Batcher as the stepped executor).
 
     Contexts must come from `context()` (they submit to this executor). `max_active` bounds the
     questions in flight; `run` returns results in input order.
@@ -479,20 +480,9 @@ class AsyncExecutor:
     def __init__(
         self, lm: LM, retriever: Retriever | None = None, max_active: int = 256, dedup: bool = True
     ) -> None:
-        if max_active < 1:
-            raise ValueError(f"max_active must be at least 1, got {max_active}")
-        self.lm, self.retriever, self.max_active = lm, retriever, max_active
-        self.batcher = Batcher(lm, retriever, dedup=dedup)
+        super().__init__(lm, retriever, max_active=max_active, dedup=dedup)
         self._model = threading.Lock()  # generations and scorings share the model: one batch at a time
         self._queues: dict[str, _Queue] = {}
-
-    @property
-    def batches(self) -> dict[str, int]:
-        return self.batcher.batches
-
-    @property
-    def dedup_stats(self) -> dict[str, int]:
-        return self.batcher.dedup_stats
 
     def context(self, budget: int | None = None) -> Context:
         return Context(self.lm, self.retriever, Meter(budget=budget), submit=self._submit)

@@ -19,6 +19,38 @@ BACKENDS = {
     "corag.lm.settings",
 }
 COMMAND_LAYER = ("corag.commands", "corag.cli")
+# docs/architecture.md's layers, from the ground up: a module imports only from its own layer or those before.
+LAYERS = [
+    [
+        "corag.errors",
+        "corag.types",
+        "corag.tasks",
+        "corag.budget",
+        "corag.metrics",
+        "corag.config",
+        "corag.scaling",
+    ],
+    ["corag.data"],
+    ["corag.lm.base", "corag.retrieval.base", "corag.prompts"],
+    ["corag.lm", "corag.retrieval"],
+    ["corag.executor", "corag.chain"],
+    ["corag.decoding", "corag.methods"],
+    ["corag.sampling", "corag.evaluation", "corag.kilt", "corag.training", "corag.models"],
+    ["corag.toy"],
+    ["corag.commands", "corag.cli"],
+]
+
+
+def layer_of(module: str) -> int:
+    """The layer of `module`: that of the longest listed prefix it falls under."""
+    matches = [
+        (len(prefix), index)
+        for index, prefixes in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    assert matches, f"{module} is in no layer of docs/architecture.md"
+    return max(matches)[1]
 
 
 def module_name(path: Path) -> str:
@@ -75,6 +107,18 @@ def test_no_import_cycle() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+def test_every_module_imports_only_its_own_layer_or_those_below() -> None:
+    graph = import_graph()
+    upward = [
+        (module, target)
+        for module, targets in graph.items()
+        if module != "corag"
+        for target in targets
+        if target != "corag" and layer_of(target) > layer_of(module)
+    ]
+    assert upward == []
+
+
 def test_the_library_never_imports_a_command() -> None:
     wrong = [
         (module, target)
@@ -103,3 +147,4 @@ def test_the_checks_see_cycles_and_lazy_imports() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     graph = import_graph()
     assert "corag.lm.hf" in graph["corag.lm"]  # load_lm imports its backends inside the function
+    assert layer_of("corag.lm.base") < layer_of("corag.lm.hf") < layer_of("corag.decoding.greedy")

@@ -27,11 +27,42 @@ async def one_step(
     max_prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Retrieve `k` paragraphs once with the question (IRCoT's grid: 5..15) and read them."""
-    calls: list[dict[str, Any]] = []
     query = remove_wh_words(example.query)
     found = await retrieve(ctx, corpus, query, k)
     held: list[Passage] = []
     add_paragraphs(held, found, max_paragraphs=k)
+    reading = (demonstrations, reader, reader_max_new_tokens, max_prompt_tokens)
+    return await answer(ctx, example, "one_step", held, reading, [p.id for p in found], queries=[query])
+
+
+async def no_retrieval(
+    ctx: Context,
+    example: Example,
+    *,
+    corpus: Corpus | None = None,
+    demonstrations: Sequence[Demonstration] = (),
+    reader: str = "direct",
+    reader_max_new_tokens: int | None = None,
+    max_prompt_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The reader with no paragraphs: what the model answers from its own knowledge."""
+    reading = (demonstrations, reader, reader_max_new_tokens, max_prompt_tokens)
+    return await answer(ctx, example, "no_retrieval", [], reading, [])
+
+
+async def answer(
+    ctx: Context,
+    example: Example,
+    method: str,
+    held: list[Passage],
+    reading: tuple[Sequence[Demonstration], str, int | None, int | None],
+    found_ids: list[str],
+    **extra: Any,
+) -> dict[str, Any]:
+    """The reader's answer from the paragraphs `held` (an empty answer once the budget is spent), as
+    the method's prediction record."""
+    demonstrations, reader, reader_max_new_tokens, max_prompt_tokens = reading
+    calls: list[dict[str, Any]] = []
     try:
         request = reader_request(
             ctx,
@@ -48,52 +79,12 @@ async def one_step(
     return result_record(
         ctx,
         example,
-        "one_step",
+        method,
         prediction,
-        [p.id for p in found],
+        found_ids,
         [p.id for p in held],
         calls,
-        queries=[query],
-        reader=reader,
-        reader_output=text,
-        answer_source=source,
-        parse_failures=int(source != "format" and bool(calls)),
-    )
-
-
-async def no_retrieval(
-    ctx: Context,
-    example: Example,
-    *,
-    corpus: Corpus | None = None,
-    demonstrations: Sequence[Demonstration] = (),
-    reader: str = "direct",
-    reader_max_new_tokens: int | None = None,
-    max_prompt_tokens: int | None = None,
-) -> dict[str, Any]:
-    """The reader with no paragraphs: what the model answers from its own knowledge."""
-    calls: list[dict[str, Any]] = []
-    try:
-        request = reader_request(
-            ctx,
-            example.query,
-            [],
-            demonstrations,
-            reader=reader,
-            max_new_tokens=reader_max_new_tokens,
-            max_prompt_tokens=max_prompt_tokens,
-        )
-        prediction, text, source = await read(ctx, calls, request, reader)
-    except BudgetExceeded:
-        prediction, text, source = "", "", "none"
-    return result_record(
-        ctx,
-        example,
-        "no_retrieval",
-        prediction,
-        [],
-        [],
-        calls,
+        **extra,
         reader=reader,
         reader_output=text,
         answer_source=source,
