@@ -54,7 +54,7 @@ class SampleArgs:
     num_shards: int = 1
     executor: str = field(
         default="stepped",
-        metadata={"choices": sorted(EXECUTORS), "help": "stepped: one block at a time as one batch (the same "
+        metadata={"help": f"one of {sorted(EXECUTORS)}. stepped: one block at a time as one batch (the same "
         "chains to the bit however the run is sharded or resumed); async: questions stream through with "
         "block_size in flight and no barrier between blocks (with the vllm-async backend, calls join the "
         "running batch)"},

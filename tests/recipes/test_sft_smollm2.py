@@ -83,7 +83,7 @@ def load_recipe():
 
 def test_the_cpu_config_bounds_memory_with_activation_checkpointing():
     """configs/sft/smollm2-lora.yaml: LoRA with activation checkpointing, as measured (6.3 GB -> 3.0 GB)."""
-    _, sft, model = load_recipe().parse_args(["--config", str(REPO / "configs/sft/smollm2-lora.yaml")])
+    _, _, sft, model = load_recipe().parse_args(["--config", str(REPO / "configs/sft/smollm2-lora.yaml")])
     assert model.use_peft and sft.activation_checkpointing and sft.packing
     assert sft.activation_checkpointing_kwargs == {"use_reentrant": False}
 
