@@ -9,8 +9,10 @@ snapshot folder it prints without `--local-dir`): `DIR/<subset>/<split>-NNNNN-of
   the file list of a verbatim duplicate, KOJKO/multihopqa commit 32af13b, "Duplicate from
   corag/multihopqa"): `2wikimultihopqa/`, `hotpotqa/`, `musique/` with `train-00000-of-00001.parquet` and
   `validation-00000-of-00001.parquet`, `bamboogle/` with `test-00000-of-00001.parquet`; its dataset card
-  (`configs: data_files: path: 2wikimultihopqa/train-*`, ...) and columns (`query, answers, query_id,
-  context_doc_ids, subqueries, subanswers, predictions`: no `task`), as in ../METHODS.md 1.3.
+  (`configs: data_files: path: 2wikimultihopqa/train-*`, ...) and its columns (`dataset_info`: `query,
+  answers, query_id, context_doc_ids, subqueries, subanswers, predictions`, no `task`; the official
+  inference, microsoft/LMOps `corag/src/inference/run_inference.py`, loads one subset at a time and adds
+  the task description itself).
 - corag/kilt: the repository's file list (huggingface.co/datasets/corag/kilt/tree/main and its task
   folders): twelve folders `aidayago2, blink, cweb, eli5, fever, hotpotqa, nq, structured_zeroshot, trex,
   triviaqa, wned, wow`, each with the splits it publishes (`blink` train only, `wned` validation and test)
