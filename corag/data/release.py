@@ -286,13 +286,15 @@ def prepare_release(
     source, out = Path(source), Path(out)
     outputs = plan_outputs(find_splits(source, dataset, subsets))
     manifest = _read_manifest(out)
-    todo, results, foreign = [], {}, []
+    todo, results, refused = [], {}, []
     for output in outputs:
         target = out / output.name
         inputs = _fingerprint(output, source)
         entry = manifest.get(output.name)
         if not target.exists():
             todo.append((output, inputs))
+        elif _is_ours(target, entry) and entry.get("dataset", dataset) != dataset and not overwrite:
+            refused.append((target, f"was written from corag/{entry['dataset']}, not corag/{dataset}"))
         elif _is_ours(target, entry):
             if entry.get("inputs") == inputs and entry.get("version") == MANIFEST_VERSION:
                 results[output.name] = Written(target, int(entry.get("records", 0)), False)
@@ -301,13 +303,12 @@ def prepare_release(
         elif overwrite:
             todo.append((output, inputs))
         else:
-            foreign.append(target)
-    if foreign:
-        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+            refused.append((target, "was not written by `corag prepare-data` (or was changed since)"))
+    if refused:
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
         raise InputError(
-            f"exists and was not written by `corag prepare-data` (or was changed since){more}: move it away "
-            "or pass --overwrite",
-            file=str(foreign[0]),
+            f"exists and {refused[0][1]}{more}: move it away, choose another --out or pass --overwrite",
+            file=str(refused[0][0]),
         )
     counts = {output.name: _check(output, progress) for output, _ in todo}
     for output, inputs in todo:
@@ -315,6 +316,7 @@ def prepare_release(
         _write(output, target, counts[output.name], progress)
         manifest[output.name] = {
             "version": MANIFEST_VERSION,
+            "dataset": dataset,
             "records": counts[output.name],
             "size": target.stat().st_size,
             "sha256": file_sha256(target),
@@ -322,10 +324,6 @@ def prepare_release(
             "inputs": inputs,
         }
         with atomic_write(out / MANIFEST) as f:  # after each file: an interrupted run resumes from here
-            json.dump(
-                {"written_by": "corag prepare-data", "files": manifest},
-                f,
-                indent=1,
-            )
+            json.dump({"written_by": "corag prepare-data", "files": manifest}, f, indent=1)
         results[output.name] = Written(target, counts[output.name], True)
     return [results[output.name] for output in outputs]

@@ -115,7 +115,7 @@ def test_the_combined_train_file_has_every_multihop_subset(multihopqa, tmp_path)
     assert {e.task for e in train} == {"2wikimultihopqa", "hotpotqa", "musique"}
 
 
-def test_kilt_tasks_are_read_in_kilts_namespace_and_shards_are_joined(tmp_path):
+def test_kilt_tasks_are_read_in_kilts_namespace_and_shards_are_joined(multihopqa, tmp_path):
     root = tmp_path / "kilt-download"
     for task in ("hotpotqa", "nq"):
         write_split(root, task, "validation", release_rows(task, "validation"))
@@ -139,6 +139,11 @@ def test_kilt_tasks_are_read_in_kilts_namespace_and_shards_are_joined(tmp_path):
         "kilt_hotpotqa",
         "nq",
     }
+    with pytest.raises(
+        InputError, match=r"written from corag/kilt, not corag/multihopqa \(and 1 more\)"
+    ) as err:
+        prepare_release(multihopqa, out, progress=False)  # the other release into the same folder
+    assert err.value.file.endswith("hotpotqa_validation.jsonl")
     with pytest.raises(InputError, match="pass --dataset kilt") as err:
         prepare_release(root, tmp_path / "wrong", progress=False)  # corag/kilt read as corag/multihopqa
     assert err.value.field == "--dataset"
