@@ -18,6 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quickstart": ("corag.commands.quickstart:main", "build, sample, train and evaluate on the toy world"),
     "toyworld": ("corag.commands.toyworld:main", "write a toy world (corpus and questions) to a folder"),
     "corpus": ("corag.commands.corpus:main", "prepare a corpus store once (JSONL, parquet, datasets folder)"),
+    "prepare-data": (
+        "corag.commands.prepare_data:main",
+        "the released question sets (hf download corag/multihopqa, corag/kilt) into questions files",
+    ),
     "models": (
         "corag.commands.models:main",
         "convert the packaged SmolLM2-135M-Instruct into a checkpoint folder",

@@ -3,7 +3,7 @@
 # URL_FILE once it answers, so jobs on other nodes can read it (`--retriever "$(cat URL_FILE)"`).
 #
 #   sbatch --gpus=1 --cpus-per-task=16 sampling/serve_retriever.sh INDEX URL_FILE [serve-retriever flags]
-#   bash sampling/serve_retriever.sh indexes/bm25 runs/retriever.url --workers 4   # without Slurm
+#   bash sampling/serve_retriever.sh data/index/e5-large-v2 runs/retriever.url --workers 4   # without Slurm
 #
 # It binds to every interface (other nodes must reach it; the service has no authentication, so run it
 # inside the cluster's network only). PORT (default 8000) picks the port; the URL file is removed when
