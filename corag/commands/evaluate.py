@@ -118,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"final-answer documents: the data's context_doc_ids for {given} of {len(examples)} question(s)"
         )
-    lm, retriever = engine.load(decoding.model), load_retriever(decoding.retriever)
+    lm, retriever = (
+        engine.load(decoding.model),
+        load_retriever(decoding.retriever, index_devices=decoding.index_devices),
+    )
     extra: dict[str, Any] = {}
     if args.demonstrations:
         from corag.methods.demos import load_demonstrations

@@ -83,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"final-answer documents: the data's context_doc_ids for {given} question(s), searched for the rest"
         )
-        lm, retriever = engine.load(decoding.model), load_retriever(decoding.retriever)
+        lm, retriever = (
+            engine.load(decoding.model),
+            load_retriever(decoding.retriever, index_devices=decoding.index_devices),
+        )
         records = run_method(
             run, examples, lm, retriever, corpus, out,
             budget=decoding.budget, max_active=decoding.max_active, executor=decoding.executor,

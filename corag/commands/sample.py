@@ -38,6 +38,12 @@ class SampleArgs:
     questions: str = field(default="", metadata={"help": "training questions (any supported format)"})
     corpus: str = field(default="", metadata={"help": "corpus (.jsonl, .parquet, .arrow, datasets folder)"})
     retriever: str = field(default="", metadata={"help": "index folder from `corag index`, or a service URL"})
+    index_devices: str | None = field(
+        default=None,
+        metadata={
+            "help": "GPUs of a dense index folder's fp16 shards: cuda:0-3, cuda:0,1 or cpu (default: every visible GPU); a service URL holds its own"
+        },
+    )
     out_dir: str = field(default="runs/chains", metadata={"help": "folder of shard files"})
     format: str | None = field(default=None, metadata={"help": "questions format (detected when not given)"})
     task: str | None = field(
@@ -95,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if skipped:
         print(f"skipped {sum(skipped.values())} invalid question(s): {dict(skipped)}", file=sys.stderr)
     lm = engine.load(args.model)
-    retriever = load_retriever(args.retriever)
+    retriever = load_retriever(args.retriever, index_devices=args.index_devices)
     # The resume hash names what changes the chains, not where things live: a moved checkpoint,
     # questions file, index folder or service URL resumes the same run.
     index_id = (

@@ -27,6 +27,11 @@ class ServeArgs:
     )
     port: int = 8000
     device: str | None = field(default=None, metadata={"help": "query encoder device"})
+    index_devices: str | None = field(
+        default=None,
+        metadata={"help": "GPUs of a dense index's fp16 shards: cuda:0-7, cuda:0,1 or cpu (default: every "
+        "visible GPU)"},
+    )  # fmt: skip
     approx: str | None = field(
         default=None, metadata={"help": "search this approximate index of a dense folder (e.g. ivf-pq)"}
     )
