@@ -610,3 +610,17 @@ def _plan_sft(plan: Plan, values: dict[str, Any]) -> None:
             plan.host["every other rank"] = [Item("Python, torch, dataset pages (estimate)", RUNTIME_HOST)]
     else:
         plan.host["the process"] = [Item("Python, torch, dataset pages (estimate)", RUNTIME_HOST), *items]
+
+
+def check_visible(stage: str, values: dict[str, Any]) -> None:
+    """A command's own check before it loads anything: the stage's plan on the GPUs this process sees
+    (their count and the first one's memory). Nothing to check on a machine without CUDA devices."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        return
+    memory = float(torch.cuda.get_device_properties(0).total_memory)
+    if stage == "sample":  # this process is one engine: it sees its own GPUs
+        values = {**values, "tensor_parallel_size": min(count, int(values.get("tensor_parallel_size", 1)))}
+    plan_stage(stage, values, Hardware(1, count, memory)).check()

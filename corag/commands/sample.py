@@ -7,6 +7,7 @@ a run of the same settings, wherever its files have moved.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     examples, skipped = validate_questions(examples, corpus, args.questions, args.skip_invalid, errors)
     if skipped:
         print(f"skipped {sum(skipped.values())} invalid question(s): {dict(skipped)}", file=sys.stderr)
+    from corag.plan import check_visible
+
+    check_visible("sample", {**dataclasses.asdict(args), **dataclasses.asdict(engine)})
     lm = engine.load(args.model)
     retriever = load_retriever(args.retriever, index_devices=args.index_devices)
     # The resume hash names what changes the chains, not where things live: a moved checkpoint,

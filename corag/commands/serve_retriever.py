@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in dataclasses.asdict(args).items()
         if k not in ("host", "port", "allow_remote", "workers")
     }
+    from corag.plan import check_visible
+
+    check_visible("serve", dataclasses.asdict(args))
     print(f"serving {args.index} on http://{args.host}:{args.port} ({args.workers} worker(s))")
     if args.workers > 1:
         os.environ[OPTIONS_ENV] = json.dumps(options)
