@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "index": ("corag.commands.index:main", "dense (encoded, sharded or imported) or BM25 index of a corpus"),
     "serve-retriever": ("corag.commands.serve_retriever:main", "serve an index over HTTP for many workers"),
+    "plan": (
+        "corag.commands.plan:main",
+        "memory plan of a stage's config on some GPUs (refuses what cannot fit)",
+    ),
     "predict": ("corag.commands.predict:main", "run a decoding strategy over a dataset"),
     "sample": ("corag.commands.sample:main", "rejection-sample chains (also sampling/sample.py)"),
     "merge": ("corag.commands.merge:main", "merge sampling shards, checking ids"),

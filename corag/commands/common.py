@@ -70,6 +70,12 @@ class DecodingArgs:
     retriever: str | None = field(
         default=None, metadata={"help": "index folder from `corag index`, or a `corag serve-retriever` URL"}
     )
+    index_devices: str | None = field(
+        default=None,
+        metadata={
+            "help": "GPUs of a dense index folder's fp16 shards: cuda:0-3, cuda:0,1 or cpu (default: every visible GPU); a service URL holds its own"
+        },
+    )
     final_docs: str = field(
         default="auto",
         metadata={"choices": list(FINAL_DOCS), "help": "CoRAG's final-answer documents: the data's "

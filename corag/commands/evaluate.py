@@ -8,6 +8,7 @@ an existing prediction file (ours or the official inference's) is scored instead
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -118,7 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"final-answer documents: the data's context_doc_ids for {given} of {len(examples)} question(s)"
         )
-    lm, retriever = engine.load(decoding.model), load_retriever(decoding.retriever)
+    from corag.plan import check_visible
+
+    check_visible("evaluate", {**dataclasses.asdict(decoding), **dataclasses.asdict(engine)})
+    lm, retriever = (
+        engine.load(decoding.model),
+        load_retriever(decoding.retriever, index_devices=decoding.index_devices),
+    )
     extra: dict[str, Any] = {}
     if args.demonstrations:
         from corag.methods.demos import load_demonstrations

@@ -9,6 +9,7 @@ write through `corag.evaluation.run_method`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,7 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"final-answer documents: the data's context_doc_ids for {given} question(s), searched for the rest"
         )
-        lm, retriever = engine.load(decoding.model), load_retriever(decoding.retriever)
+        from corag.plan import check_visible
+
+        check_visible("evaluate", {**dataclasses.asdict(decoding), **dataclasses.asdict(engine)})
+        lm, retriever = (
+            engine.load(decoding.model),
+            load_retriever(decoding.retriever, index_devices=decoding.index_devices),
+        )
         records = run_method(
             run, examples, lm, retriever, corpus, out,
             budget=decoding.budget, max_active=decoding.max_active, executor=decoding.executor,

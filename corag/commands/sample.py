@@ -7,6 +7,7 @@ a run of the same settings, wherever its files have moved.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
@@ -38,6 +39,12 @@ class SampleArgs:
     questions: str = field(default="", metadata={"help": "training questions (any supported format)"})
     corpus: str = field(default="", metadata={"help": "corpus (.jsonl, .parquet, .arrow, datasets folder)"})
     retriever: str = field(default="", metadata={"help": "index folder from `corag index`, or a service URL"})
+    index_devices: str | None = field(
+        default=None,
+        metadata={
+            "help": "GPUs of a dense index folder's fp16 shards: cuda:0-3, cuda:0,1 or cpu (default: every visible GPU); a service URL holds its own"
+        },
+    )
     out_dir: str = field(default="runs/chains", metadata={"help": "folder of shard files"})
     format: str | None = field(default=None, metadata={"help": "questions format (detected when not given)"})
     task: str | None = field(
@@ -94,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     examples, skipped = validate_questions(examples, corpus, args.questions, args.skip_invalid, errors)
     if skipped:
         print(f"skipped {sum(skipped.values())} invalid question(s): {dict(skipped)}", file=sys.stderr)
+    from corag.plan import check_visible
+
+    check_visible("sample", {**dataclasses.asdict(args), **dataclasses.asdict(engine)})
     lm = engine.load(args.model)
-    retriever = load_retriever(args.retriever)
+    retriever = load_retriever(args.retriever, index_devices=args.index_devices)
     # The resume hash names what changes the chains, not where things live: a moved checkpoint,
     # questions file, index folder or service URL resumes the same run.
     index_id = (

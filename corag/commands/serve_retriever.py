@@ -27,6 +27,11 @@ class ServeArgs:
     )
     port: int = 8000
     device: str | None = field(default=None, metadata={"help": "query encoder device"})
+    index_devices: str | None = field(
+        default=None,
+        metadata={"help": "GPUs of a dense index's fp16 shards: cuda:0-7, cuda:0,1 or cpu (default: every "
+        "visible GPU)"},
+    )  # fmt: skip
     approx: str | None = field(
         default=None, metadata={"help": "search this approximate index of a dense folder (e.g. ivf-pq)"}
     )
@@ -68,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in dataclasses.asdict(args).items()
         if k not in ("host", "port", "allow_remote", "workers")
     }
+    from corag.plan import check_visible
+
+    check_visible("serve", dataclasses.asdict(args))
     print(f"serving {args.index} on http://{args.host}:{args.port} ({args.workers} worker(s))")
     if args.workers > 1:
         os.environ[OPTIONS_ENV] = json.dumps(options)

@@ -25,8 +25,13 @@ def index_fingerprint(source: str | Path) -> str:
     return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
 
 
-def load_retriever(source: str | Path, device: str | None = None, **kwargs) -> Retriever:
-    """A retriever from an index folder (`corag index`, dense or bm25) or a service URL (http://...)."""
+def load_retriever(
+    source: str | Path, device: str | None = None, index_devices: str | None = None, **kwargs
+) -> Retriever:
+    """A retriever from an index folder (`corag index`, dense or bm25) or a service URL (http://...).
+
+    `index_devices` places a dense index's exact shards (`cuda:0-3`, `cuda:0,1`, `cpu`; default: every
+    visible GPU); a service holds its own index, and BM25 searches on the CPU, so both ignore it."""
     text = str(source)
     if text.startswith(("http://", "https://")):
         from corag.retrieval.client import RetrieverClient
@@ -43,7 +48,7 @@ def load_retriever(source: str | Path, device: str | None = None, **kwargs) -> R
     if kind == "dense":
         from corag.retrieval.dense import load_dense
 
-        return load_dense(source, device=device, **kwargs)
+        return load_dense(source, device=device, index_devices=index_devices, **kwargs)
     raise InputError(f"unknown index kind {kind!r}", file=str(manifest), field="kind")
 
 

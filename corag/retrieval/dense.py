@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from corag.errors import InputError
-from corag.retrieval.base import RowIds, read_manifest
+from corag.retrieval.base import RowIds, parse_devices, read_manifest
 from corag.types import Hit, Passage
 
 # name -> (model path or hub name, query prefix, passage prefix, query max tokens); "minilm" is the
@@ -244,6 +244,12 @@ class ExactIndex:
         return out
 
 
+# Queries scored at once on a GPU shard: the scores of one block are query_rows x block_rows (fp16, then
+# fp32 for top-k), 1.6 GB at 256 x 2^20 (corag.plan counts it beside the shard).
+QUERY_ROWS = 256
+BLOCK_ROWS = 1 << 20
+
+
 class TorchIndex:
     """Row vectors split into contiguous shards, one per device; exact search is matmul + top-k per
     shard in blocks of rows, then a merge of the shards' top-k. Meant for GPUs (fp16); runs on CPU too.
@@ -251,10 +257,13 @@ class TorchIndex:
     The shards are searched at the same time, one thread each (torch releases the GIL in its
     kernels, so every device works at once); their top-k lists are merged in shard order."""
 
-    def __init__(self, shards: list[torch.Tensor], block_rows: int = 1 << 20) -> None:
+    def __init__(
+        self, shards: list[torch.Tensor], block_rows: int = BLOCK_ROWS, query_rows: int = QUERY_ROWS
+    ) -> None:
         self.shards = shards
         self.offsets = np.cumsum([0] + [s.shape[0] for s in shards])[:-1].tolist()
         self.block_rows = block_rows
+        self.query_rows = query_rows
         self._pool = ThreadPoolExecutor(max_workers=len(shards)) if len(shards) > 1 else None
 
     @classmethod
@@ -265,7 +274,7 @@ class TorchIndex:
         dim: int,
         devices: Sequence[str],
         dtype: torch.dtype = torch.float16,
-        block_rows: int = 1 << 20,
+        block_rows: int = BLOCK_ROWS,
         read_rows: int = 1 << 16,
     ) -> TorchIndex:
         """Fill one preallocated shard per device from consecutive row chunks, `read_rows` host rows
@@ -294,6 +303,12 @@ class TorchIndex:
         return sum(s.shape[0] for s in self.shards)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(queries) > self.query_rows:  # bounds the scores buffer: query_rows x block_rows per device
+            parts = [
+                self.search(queries[i : i + self.query_rows], k)
+                for i in range(0, len(queries), self.query_rows)
+            ]
+            return np.concatenate([s for s, _ in parts]), np.concatenate([r for _, r in parts])
         q_host = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
         jobs = [(q_host, shard, offset, k) for shard, offset in zip(self.shards, self.offsets, strict=True)]
         if self._pool is None:
@@ -433,15 +448,21 @@ def load_dense(
     encoder_batch_size: int = 64,
     encoder: Encoder | None = None,
     approx: str | None = None,
+    index_devices: str | None = None,
 ) -> DenseRetriever:
     """Load a folder written by `corag index --kind dense`.
 
     Exact search runs on fp16 torch shards on `shard_devices` (default: every visible GPU; pass [] for
-    the CPU) or, without GPUs, streams the chunks on CPU. `approx` names an approximate index built
+    the CPU), or on the devices `index_devices` names (`cuda:0-3`, `cuda:0,1`, `cpu`; checked against
+    the visible ones before anything loads), or, without GPUs, streams the chunks on CPU. `approx` names an approximate index built
     in the folder instead. `device` places the query encoder; an already loaded `encoder` is reused
     if it is the one the index was built with.
     """
     folder = Path(folder)
+    if index_devices is not None:
+        if shard_devices is not None:
+            raise ValueError("give shard_devices or index_devices, not both")
+        shard_devices = parse_devices(index_devices, torch.cuda.device_count())
     manifest = read_manifest(folder, "dense")
     if encoder is None:
         encoder = Encoder(

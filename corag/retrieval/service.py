@@ -261,7 +261,9 @@ def build_app(options: dict) -> FastAPI:
     from corag.retrieval import index_fingerprint, load_retriever
 
     extra = {"approx": options["approx"]} if options.get("approx") else {}
-    retriever = load_retriever(options["index"], device=options.get("device"), **extra)
+    retriever = load_retriever(
+        options["index"], device=options.get("device"), index_devices=options.get("index_devices"), **extra
+    )
     return create_app(
         retriever,
         options["max_queries"],

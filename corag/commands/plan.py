@@ -1,0 +1,66 @@
+"""`corag plan`: the memory plan of a stage's config on some GPUs, refused in one line if it cannot fit.
+
+Per GPU it lists model weights and the vLLM engine's share, dense index shards, the SFT recipe's
+weights, gradients, Adam states and activations, and host memory per process (corag.plan). The
+hardware comes from the flags or, when they are not given, from the config's `# hardware:` line; a
+`# beside: corag serve-retriever ...` line adds the retrieval service that shares the node's GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from corag.config import load_yaml, parse_config
+from corag.errors import InputError
+from corag.plan import SHARDINGS, STAGES, Hardware, detect_stage, parse_memory, plan_stage, read_header
+
+
+@dataclass
+class PlanArgs:
+    config_file: str = field(metadata={"positional": True, "help": "the stage's config (YAML)"})
+    gpus: int | None = field(default=None, metadata={"help": "GPUs per node (default: the config's header)"})
+    gpu_memory: str | None = field(default=None, metadata={"help": "memory of each GPU: 80GB, 141GB, 80GiB"})
+    nodes: int | None = field(default=None, metadata={"help": "nodes (default: the header's, else 1)"})
+    host_memory: str | None = field(
+        default=None, metadata={"help": "host memory of a node (checked if given)"}
+    )
+    stage: str | None = field(
+        default=None, metadata={"choices": list(STAGES), "help": "default: told by the config's keys"}
+    )
+    sharding: str | None = field(
+        default=None,
+        metadata={"choices": list(SHARDINGS), "help": "SFT: zero3/fsdp shard states over the world, ddp keeps "
+        "them whole (default: the header's, else zero3 for full fine-tuning and ddp for LoRA)"},
+    )  # fmt: skip
+    model: str | None = field(default=None, metadata={"help": "model, when the config names none"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    # `--config FILE` reads as the positional: the config is what is planned, not a source of flags.
+    argv = ["--config_file" if a == "--config" else a for a in (argv or [])]
+    argv = [a for a in argv if a != "--config_file"] if "--config_file" in argv else argv
+    args = parse_config(PlanArgs, argv, __doc__.splitlines()[0])
+    values = load_yaml(args.config_file)
+    header, service = read_header(args.config_file)
+    hw = header or Hardware()
+    if args.gpus is not None or args.gpu_memory is not None:
+        if args.gpus is None or args.gpu_memory is None:
+            raise InputError("give --gpus and --gpu-memory together", field="--gpus")
+        hw = Hardware(hw.nodes, args.gpus, parse_memory(args.gpu_memory), hw.host_memory, hw.sharding)
+    elif header is None:
+        raise InputError("no `# hardware:` line: give --gpus and --gpu-memory", file=args.config_file)
+    if args.nodes is not None:
+        hw.nodes = args.nodes
+    if args.host_memory is not None:
+        hw.host_memory = parse_memory(args.host_memory)
+    if args.sharding is not None:
+        hw.sharding = args.sharding
+    if args.model is not None:
+        values["model" if "model_name_or_path" not in values else "model_name_or_path"] = args.model
+        values.setdefault("model_name_or_path", args.model)
+    stage = args.stage or detect_stage(values, args.config_file)
+    plan = plan_stage(stage, values, hw, service=service, file=args.config_file)
+    print(plan.table())
+    plan.check()
+    print(plan.summary())
+    return 0

@@ -1,0 +1,626 @@
+"""The memory plan of a stage: what each GPU and each process's host memory holds, refused before
+anything starts when it cannot fit.
+
+`plan_stage` lays out one stage (rejection sampling, evaluation, SFT, the retrieval service) on some
+hardware from the stage's config values: vLLM engines at their `gpu_memory_utilization` (weights and KV
+cache inside that share), dense index shards on the devices that hold them, the SFT recipe's weights,
+gradients, Adam states and checkpointed activations, and host memory per process. `Plan.check` raises an
+InputError naming the first item that does not fit. `corag plan` prints it; the commands that start
+engines or load an index run the same check against the devices they see.
+
+Figures are bytes, shown in GB (10^9 bytes) as GPU memory is sold. Weights, KV cache, index shards and
+optimizer states are exact arithmetic; activations, CUDA contexts and the reserve are estimates, and
+the table says so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corag.errors import InputError
+from corag.retrieval.base import parse_devices
+
+GB = 1e9
+STAGES = ("sample", "evaluate", "sft", "serve")
+# Per GPU, before anything else: the caching allocator's fragmentation, NCCL and cuBLAS workspaces.
+RESERVE = 2 * GB
+# A process's CUDA context on each device it touches (H100, CUDA 12: 0.4-0.6 GB); an estimate.
+CUDA_CONTEXT = 0.5 * GB
+# A Python process with torch, transformers and the corpus store's lookups (an estimate).
+RUNTIME_HOST = 2 * GB
+# The released E5-large-v2 (335M parameters) in fp16, the query encoder of every dense index here.
+ENCODER_PARAMS = 335_141_888
+# The KILT corpus of the CoRAG release (corag/kilt-corpus) and its E5-large-v2 vectors.
+KILT_ROWS, KILT_DIM = 35_700_000, 1024
+# corag.retrieval.dense: queries scored at once and rows per block on a GPU shard (scores in fp16, then
+# fp32 for top-k: 6 bytes per score).
+QUERY_ROWS, BLOCK_ROWS = 256, 1 << 20
+SHARDINGS = ("zero3", "fsdp", "ddp")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What memory depends on in a decoder's config.json."""
+
+    name: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    tied: bool
+
+    @property
+    def params(self) -> int:
+        """Parameters of a Llama/Qwen-style decoder (attention, gated MLP, norms, embeddings)."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = self.hidden * q + 2 * self.hidden * kv + q * self.hidden
+        mlp = 3 * self.hidden * self.intermediate
+        layer = (
+            attention + mlp + 2 * self.hidden + (2 * self.head_dim if self.name.startswith("Qwen3") else 0)
+        )
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.layers * layer + embeddings + self.hidden
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """KV cache per token: layers x kv_heads x head_dim x (K and V) x bytes."""
+        return self.layers * self.kv_heads * self.head_dim * 2 * dtype_bytes
+
+    def lora_params(self, rank: int, targets: list[str] | str) -> int:
+        """Adapter parameters: rank x (in + out) for each targeted linear layer of every decoder layer."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        shapes = {
+            "q_proj": (self.hidden, q),
+            "k_proj": (self.hidden, kv),
+            "v_proj": (self.hidden, kv),
+            "o_proj": (q, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }
+        names = list(shapes) if targets == "all-linear" else [t for t in targets if t in shapes]
+        return self.layers * sum(rank * sum(shapes[n]) for n in names)
+
+
+# From each model's config.json on the Hugging Face Hub (meta-llama/Llama-3.1-8B-Instruct, Qwen/Qwen3-8B,
+# Qwen/Qwen3-4B, HuggingFaceTB/SmolLM2-135M-Instruct) and corag.toy.tinymodel's defaults; parameter
+# counts follow (8.03B, 8.19B, 4.02B, 134.5M as published).
+KNOWN_MODELS = {
+    "llama318b": ModelShape("Llama-3.1-8B", 128256, 4096, 32, 32, 8, 128, 14336, False),
+    "qwen38b": ModelShape("Qwen3-8B", 151936, 4096, 36, 32, 8, 128, 12288, False),
+    "qwen34b": ModelShape("Qwen3-4B", 151936, 2560, 36, 32, 8, 128, 9728, True),
+    "smollm2": ModelShape("SmolLM2-135M", 49152, 576, 30, 9, 3, 64, 1536, True),
+    "quickstart": ModelShape("toy tiny model", 4096, 128, 2, 2, 2, 64, 512, False),
+}
+
+
+def model_shape(model: str) -> ModelShape:
+    """The shape of `model`: its config.json when the folder is here, else the known model its name
+    names (Llama-3.1-8B, Qwen3-8B, Qwen3-4B, SmolLM2-135M, the toy model)."""
+    config = Path(model) / "config.json"
+    if config.is_file():
+        c = json.loads(config.read_text())
+        c = c.get("text_config", c)
+        heads = int(c["num_attention_heads"])
+        return ModelShape(
+            str(c.get("_name_or_path") or Path(model).name),
+            int(c["vocab_size"]),
+            int(c["hidden_size"]),
+            int(c["num_hidden_layers"]),
+            heads,
+            int(c.get("num_key_value_heads") or heads),
+            int(c.get("head_dim") or c["hidden_size"] // heads),
+            int(c["intermediate_size"]),
+            bool(c.get("tie_word_embeddings", False)),
+        )
+    key = re.sub(r"[^a-z0-9]", "", model.lower())
+    for name, shape in KNOWN_MODELS.items():
+        if name in key or (name == "quickstart" and "toy" in key):
+            return shape
+    known = ", ".join(s.name for s in KNOWN_MODELS.values())
+    raise InputError(f"unknown model size: no config.json at {model!r} and not one of {known}", field="model")
+
+
+def parse_memory(text: str) -> float:
+    """Bytes in "80GB", "141GB", "80GiB", "512MB", "1.5TB" (GB = 10^9 bytes, GiB = 2^30)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B)\s*", text, re.IGNORECASE)
+    if not m:
+        raise InputError(f"expected a size such as 80GB or 80GiB, got {text!r}", field="--gpu-memory")
+    unit = m.group(2).upper()
+    power = "KMGT".index(unit[0]) + 1
+    return float(m.group(1)) * ((1024**power) if unit[1] == "I" else (1000**power))
+
+
+@dataclass
+class Hardware:
+    """Nodes x GPUs of a given memory (0 GPUs: a CPU machine), host memory when known, SFT sharding."""
+
+    nodes: int = 1
+    gpus: int = 0
+    gpu_memory: float = 0.0
+    host_memory: float | None = None
+    sharding: str | None = None
+
+    def describe(self) -> str:
+        parts = [f"{self.nodes} node(s) x {self.gpus} GPU(s) x {self.gpu_memory / GB:g} GB" if self.gpus else
+                 "a CPU machine"]  # fmt: skip
+        if self.host_memory:
+            parts.append(f"{self.host_memory / GB:g} GB RAM")
+        if self.sharding:
+            parts.append(self.sharding)
+        return ", ".join(parts)
+
+
+HARDWARE_LINE = re.compile(r"#\s*hardware:\s*(.*)", re.IGNORECASE)
+SERVICE_LINE = re.compile(r"#\s*beside:\s*corag\s+serve-retriever\s+(.*)", re.IGNORECASE)
+
+
+def parse_hardware(text: str, file: str | None = None) -> Hardware:
+    """A config's hardware line: `1 node x 8 GPUs x 80 GB`, `... x 80 GB, zero3`, `CPU, 8 GB RAM`."""
+    hw = Hardware()
+    gpus = re.search(r"(\d+)\s*nodes?\s*x\s*(\d+)\s*GPUs?\s*x\s*([0-9.]+\s*[KMGT]i?B)", text, re.IGNORECASE)
+    if gpus:
+        hw.nodes, hw.gpus, hw.gpu_memory = int(gpus.group(1)), int(gpus.group(2)), parse_memory(gpus.group(3))
+    elif not re.search(r"\bCPU\b", text):
+        raise InputError(
+            f"expected `N node(s) x G GPUs x 80 GB` or `CPU, 8 GB RAM`, got {text!r}",
+            file=file,
+            field="hardware",
+        )
+    if ram := re.search(r"([0-9.]+\s*[KMGT]i?B)\s*(?:of\s*)?RAM", text, re.IGNORECASE):
+        hw.host_memory = parse_memory(ram.group(1))
+    if sharding := re.search(r"\b(zero3|fsdp|ddp)\b", text, re.IGNORECASE):
+        hw.sharding = sharding.group(1).lower()
+    return hw
+
+
+def read_header(path: str | Path) -> tuple[Hardware | None, str | None]:
+    """A config's `# hardware:` line (parsed) and its `# beside: corag serve-retriever ...` line (the
+    service sharing the node's GPUs, as arguments), each None when absent."""
+    hardware, service = None, None
+    for line in Path(path).read_text().splitlines():
+        if m := HARDWARE_LINE.match(line.strip()):
+            hardware = parse_hardware(m.group(1), str(path))
+        elif m := SERVICE_LINE.match(line.strip()):
+            service = m.group(1).strip()
+    return hardware, service
+
+
+def detect_stage(values: dict[str, Any], file: str | None = None) -> str:
+    """The stage a config is for, from its keys."""
+    if "num_chains" in values or "questions" in values:
+        return "sample"
+    if "methods" in values or "data" in values or "strategy" in values:
+        return "evaluate"
+    if "model_name_or_path" in values or "learning_rate" in values or "per_device_train_batch_size" in values:
+        return "sft"
+    if "index" in values:
+        return "serve"
+    raise InputError("cannot tell the stage from the keys; give --stage", file=file)
+
+
+@dataclass
+class Item:
+    """One thing in memory: what, how many bytes, which config key decides it, and a note."""
+
+    name: str
+    size: float
+    key: str = ""
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    """Per GPU (of one node; every node alike) and per process on the host, the items in load order."""
+
+    stage: str
+    hardware: Hardware
+    gpus: list[list[Item]] = field(default_factory=list)
+    host: dict[str, list[Item]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    file: str | None = None
+
+    def check(self) -> None:
+        """Refuse the plan at its first item that passes a GPU's (or the host's) capacity."""
+        for g, items in enumerate(self.gpus):
+            self._check(items, self.hardware.gpu_memory, f"GPU {g}")
+        if self.hardware.host_memory:
+            total = [i for items in self.host.values() for i in items]
+            self._check(total, self.hardware.host_memory, "host memory")
+
+    def _check(self, items: list[Item], capacity: float, where: str) -> None:
+        used = 0.0
+        for item in items:
+            if used + item.size > capacity:
+                raise InputError(
+                    f"does not fit: {item.name} ({item.size / GB:.1f} GB) on {where} beside {used / GB:.1f} GB "
+                    f"already planned, capacity {capacity / GB:.1f} GB ({self.hardware.describe()})",
+                    file=self.file,
+                    field=item.key or None,
+                )
+            used += item.size
+
+    def table(self) -> str:
+        """One table: per GPU (identical GPUs in one column) each item in GB, total, capacity, headroom;
+        then host memory per process."""
+        groups: list[tuple[list[int], list[Item]]] = []
+        for g, items in enumerate(self.gpus):
+            if groups and _same(groups[-1][1], items):
+                groups[-1][0].append(g)
+            else:
+                groups.append(([g], items))
+        names: list[str] = []
+        for _, items in groups:
+            names += [i.name for i in items if i.name not in names]
+        heads = [f"GPU {g[0]}" if len(g) == 1 else f"GPUs {g[0]}-{g[-1]}" for g, _ in groups]
+        rows = [["per GPU, GB", *heads]]
+        for name in names:
+            cells = []
+            for _, items in groups:
+                size = sum(i.size for i in items if i.name == name)
+                cells.append(f"{size / GB:.1f}" if any(i.name == name for i in items) else "-")
+            rows.append([name, *cells])
+        totals = [sum(i.size for i in items) for _, items in groups]
+        cap = self.hardware.gpu_memory
+        rows.append(["total", *(f"{t / GB:.1f}" for t in totals)])
+        rows.append(["capacity", *(f"{cap / GB:.1f}" for _ in groups)])
+        rows.append(["headroom", *(f"{(cap - t) / GB:.1f}" for t in totals)])
+        lines = _render(rows) if groups else []
+        host = [["host memory per process, GB", "GB"]]
+        for process, items in self.host.items():
+            for item in items:
+                host.append([f"{process}: {item.name}", f"{item.size / GB:.1f}"])
+        host_total = sum(i.size for items in self.host.values() for i in items)
+        host.append(["total", f"{host_total / GB:.1f}"])
+        if self.hardware.host_memory:
+            host.append(["capacity", f"{self.hardware.host_memory / GB:.1f}"])
+            host.append(["headroom", f"{(self.hardware.host_memory - host_total) / GB:.1f}"])
+        lines += ([""] if lines else []) + _render(host)
+        return "\n".join([*lines, *(f"- {n}" for n in dict.fromkeys(self.notes))])
+
+    def summary(self) -> str:
+        """The last line: the stage, the hardware and the tightest headroom."""
+        if self.gpus:
+            cap = self.hardware.gpu_memory
+            worst = max(sum(i.size for i in items) for items in self.gpus)
+            return (
+                f"plan fits: {self.stage} on {self.hardware.describe()}; fullest GPU {worst / GB:.1f} of "
+                f"{cap / GB:.1f} GB ({(cap - worst) / GB:.1f} GB headroom)"
+            )
+        total = sum(i.size for items in self.host.values() for i in items)
+        return f"plan fits: {self.stage} on {self.hardware.describe()}; host memory {total / GB:.1f} GB"
+
+
+def _same(a: list[Item], b: list[Item]) -> bool:
+    return [(i.name, round(i.size)) for i in a] == [(i.name, round(i.size)) for i in b]
+
+
+def _render(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    out = []
+    for n, row in enumerate(rows):
+        out.append("| " + " | ".join(cell.ljust(w) if c == 0 else cell.rjust(w) for c, (cell, w) in
+                                     enumerate(zip(row, widths, strict=True))) + " |")  # fmt: skip
+        if n == 0:
+            out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return out
+
+
+# Index ---------------------------------------------------------------------------------------------
+
+
+def index_size(folder: str | None) -> tuple[int, int, str]:
+    """(rows, dim, where the figures come from) of a dense index folder; the KILT size when the folder
+    is not here (the shipped configs' index)."""
+    if folder and (Path(folder) / "manifest.json").is_file():
+        manifest = json.loads((Path(folder) / "manifest.json").read_text())
+        if manifest.get("kind") != "dense":
+            return 0, 0, f"{folder}: a {manifest.get('kind')} index (CPU)"
+        rows = int(
+            manifest.get("corpus_size") or sum(int(c.get("rows", 0)) for c in manifest.get("chunks", []))
+        )
+        return rows, int(manifest["dim"]), f"{folder}/manifest.json"
+    return KILT_ROWS, KILT_DIM, f"{folder} is not here: KILT's {KILT_ROWS / 1e6:.1f}M x {KILT_DIM} assumed"
+
+
+def index_bytes(rows: int, dim: int, dtype_bytes: int = 2) -> float:
+    """An exact index's vectors: rows x dim x bytes (fp16 on GPUs)."""
+    return float(rows) * dim * dtype_bytes
+
+
+def add_index(
+    gpus: list[list[Item]], devices: list[int], rows: int, dim: int, encoder_gpu: int | None, who: str
+) -> None:
+    """A dense index's fp16 shards split over `devices`, its query encoder and search workspace, and a
+    CUDA context for the process that holds them, on each device."""
+    for d in devices:
+        gpus[d].append(Item(f"{who}: CUDA context (estimate)", CUDA_CONTEXT))
+    if encoder_gpu is not None:
+        gpus[encoder_gpu].append(
+            Item(f"{who}: query encoder (E5-large-v2, fp16)", ENCODER_PARAMS * 2, "device")
+        )
+    shard = index_bytes(rows, dim) / max(1, len(devices))
+    shard_rows = rows / max(1, len(devices))
+    workspace = QUERY_ROWS * min(BLOCK_ROWS, shard_rows) * 6
+    for d in devices:
+        gpus[d].append(Item(f"{who}: dense index shard (fp16)", shard, "index_devices"))
+        gpus[d].append(
+            Item(f"{who}: search scores ({QUERY_ROWS} queries x block)", workspace, "index_devices")
+        )
+
+
+# Stages --------------------------------------------------------------------------------------------
+
+
+def _engine_items(values: dict[str, Any], shape: ModelShape, capacity: float, notes: list[str]) -> list[Item]:
+    """One vLLM engine's share of each of its GPUs: weights / tensor_parallel_size + KV cache."""
+    util = float(values.get("gpu_memory_utilization", 0.9))
+    tp = int(values.get("tensor_parallel_size", 1))
+    share = util * capacity
+    weights = shape.params * 2 / tp
+    kv = share - weights
+    per_token = shape.kv_bytes_per_token() / tp
+    max_len = int(values.get("max_model_len") or 8192)
+    if kv < per_token * max_len:
+        raise InputError(
+            f"does not fit: the vLLM engine's share {share / GB:.1f} GB (gpu_memory_utilization {util}) "
+            f"holds {shape.name}'s weights ({weights / GB:.1f} GB per GPU) but not one sequence of "
+            f"{max_len} tokens of KV cache",
+            field="gpu_memory_utilization",
+        )
+    notes.append(
+        f"vLLM engine at gpu_memory_utilization {util}: {shape.name} weights {weights / GB:.1f} GB per GPU "
+        f"(bf16, {shape.params / 1e9:.2f}B parameters / tensor_parallel_size {tp}), KV cache up to "
+        f"{kv / GB:.1f} GB = {kv / per_token / 1e3:.0f}k tokens at {shape.kv_bytes_per_token()} bytes/token "
+        "(vLLM's own activation peak comes out of it)"
+    )
+    return [
+        Item(
+            f"vLLM engine (gpu_memory_utilization {util}: weights + KV cache)",
+            share,
+            "gpu_memory_utilization",
+        )
+    ]
+
+
+def _service(argv: str | None) -> dict[str, Any] | None:
+    """The options of a `# beside: corag serve-retriever INDEX --index-devices ...` line."""
+    if argv is None:
+        return None
+    words = argv.split()
+    values: dict[str, Any] = {"index": words[0] if words else None, "workers": 1}
+    for flag, value in zip(words[1::2], words[2::2], strict=False):
+        values[flag.lstrip("-").replace("-", "_")] = value
+    return values
+
+
+def plan_stage(
+    stage: str,
+    values: dict[str, Any],
+    hardware: Hardware,
+    service: str | None = None,
+    file: str | None = None,
+    in_use: list[float] | None = None,
+) -> Plan:
+    """The plan of `stage` under config `values` on `hardware` (one node's GPUs; every node alike).
+
+    `service` is a `serve-retriever` argument line sharing the node's GPUs (the config's `# beside:`
+    line); `in_use` is memory already taken on each GPU by other processes (a command's own check)."""
+    if stage not in STAGES:
+        raise InputError(f"unknown stage {stage!r}; choose one of {STAGES}", field="--stage")
+    plan = Plan(stage, hardware, file=file)
+    gpus: list[list[Item]] = [[Item("reserve (fragmentation, NCCL, cuBLAS; estimate)", RESERVE)] for _ in
+                              range(hardware.gpus)]  # fmt: skip
+    for g, used in enumerate(in_use or []):
+        if used > 0:
+            gpus[g].append(Item("in use by other processes", used))
+    plan.gpus = gpus
+    try:
+        if stage == "sft":
+            _plan_sft(plan, values)
+        elif stage == "serve":
+            _plan_serve(plan, values)
+        else:
+            _plan_engines(plan, values, _service(service))
+    except InputError as error:
+        if error.file is None and file is not None:
+            raise InputError(error.message, file=file, field=error.field) from None
+        raise
+    return plan
+
+
+def _plan_engines(plan: Plan, values: dict[str, Any], service: dict[str, Any] | None) -> None:
+    """Sampling or evaluation: engines (one per tensor_parallel_size GPUs for sampling, one for evaluation)
+    and the index, in the process (an index folder) or in a service beside them (a URL)."""
+    hw, gpus = plan.hardware, plan.gpus
+    backend = values.get("backend", "hf")
+    model = values.get("model")
+    if not model:
+        raise InputError("no model to plan for; give --model", field="model")
+    shape = model_shape(str(model))
+    tp = int(values.get("tensor_parallel_size", 1))
+    retriever = str(values.get("retriever") or "")
+    url = retriever.startswith(("http://", "https://"))
+    host = plan.host.setdefault("each engine process" if plan.stage == "sample" else "the process", [])
+    host.append(Item("Python, torch, corpus store lookups (estimate)", RUNTIME_HOST))
+    if not hw.gpus:
+        if backend.startswith("vllm"):
+            plan.notes.append(
+                "vLLM on a CPU machine: its KV cache is VLLM_CPU_KVCACHE_SPACE, not counted here"
+            )
+        host.append(Item(f"{shape.name} weights (fp32)", shape.params * 4.0, "model"))
+        if retriever and not url:
+            rows, dim, source = index_size(retriever)
+            host.append(
+                Item("dense index read buffer (chunks stream from the page cache)", 32768 * dim * 4.0)
+            )
+            plan.notes.append(f"index: {source}")
+        return
+    # Each sampling engine is its own process seeing its own GPUs; evaluation is one process on the node.
+    groups = [list(range(e * tp, (e + 1) * tp)) for e in range(hw.gpus // tp)] if plan.stage == "sample" else [
+        list(range(tp))]  # fmt: skip
+    if tp > hw.gpus:
+        raise InputError(f"an engine needs {tp} GPUs, the node has {hw.gpus}", field="tensor_parallel_size")
+    if backend.startswith("vllm"):
+        items = _engine_items(values, shape, hw.gpu_memory, plan.notes)
+        for group in groups:
+            for g in group:
+                gpus[g].extend(items)
+    elif backend == "hf":
+        for group in groups:
+            gpus[group[0]].append(
+                Item(f"{shape.name} weights (bf16, transformers)", shape.params * 2.0, "model")
+            )
+    if service:
+        rows, dim, source = index_size(service.get("index"))
+        devices = [
+            int(d.split(":")[1]) for d in parse_devices(service.get("index_devices") or "cuda", hw.gpus)
+        ]
+        encoder = int(str(service.get("device") or "cuda:0").split(":")[-1]) if devices else None
+        for _ in range(int(service.get("workers", 1))):
+            add_index(gpus, devices, rows, dim, encoder, "service")
+        plan.host["the retrieval service"] = [
+            Item("Python, torch, index loading buffers (estimate)", RUNTIME_HOST)
+        ]
+        plan.notes.append(f"retrieval service beside the engines: {source}")
+    if retriever and not url:
+        rows, dim, source = index_size(retriever)
+        plan.notes.append(f"index in the process: {source}")
+        spec = values.get("index_devices")
+        for group in groups:
+            if rows == 0:
+                continue
+            seen = len(group) if plan.stage == "sample" else hw.gpus
+            names = parse_devices(str(spec), seen) if spec else [f"cuda:{i}" for i in range(seen)]
+            local = [int(d.split(":")[1]) for d in names]
+            devices = [group[d] if plan.stage == "sample" else d for d in local]
+            if not spec:
+                plan.notes.append(
+                    "no index_devices: the index goes onto every GPU the process sees"
+                    + (" (its engine's own)" if plan.stage == "sample" else "")
+                )
+            if devices:
+                add_index(gpus, devices, rows, dim, devices[0], "index")
+            else:
+                host.append(
+                    Item("dense index read buffer (chunks stream from the page cache)", 32768 * dim * 4.0)
+                )
+            if plan.stage == "sample" and not devices:
+                break
+    elif not url and not service:
+        plan.notes.append("no retriever given")
+
+
+def _plan_serve(plan: Plan, values: dict[str, Any]) -> None:
+    """`corag serve-retriever`: each worker holds the whole index on its devices."""
+    hw = plan.hardware
+    rows, dim, source = index_size(values.get("index"))
+    plan.notes.append(f"index: {source}")
+    workers = int(values.get("workers", 1))
+    for w in range(workers):
+        plan.host[f"worker {w}"] = [Item("Python, torch, index loading buffers (estimate)", RUNTIME_HOST)]
+    if not hw.gpus or rows == 0:
+        return
+    spec = values.get("index_devices")
+    devices = (
+        [int(d.split(":")[1]) for d in parse_devices(str(spec), hw.gpus)] if spec else list(range(hw.gpus))
+    )
+    encoder = int(str(values.get("device") or "cuda:0").split(":")[-1]) if devices else None
+    for _ in range(workers):
+        add_index(plan.gpus, devices, rows, dim, encoder, "service")
+
+
+def _plan_sft(plan: Plan, values: dict[str, Any]) -> None:
+    """The SFT recipe: weights, gradients and Adam states (sharded under ZeRO-3/FSDP, whole under DDP)
+    or LoRA's frozen weights and adapter states, plus checkpointed activations (an estimate)."""
+    hw = plan.hardware
+    model = values.get("model_name_or_path")
+    if not model:
+        raise InputError("no model to plan for; give --model", field="model_name_or_path")
+    shape = model_shape(str(model))
+    lora = bool(values.get("use_peft"))
+    sharding = hw.sharding or ("ddp" if lora else "zero3")
+    world = max(1, hw.nodes * hw.gpus)
+    shard = world if sharding in ("zero3", "fsdp") else 1
+    fp32 = str(values.get("dtype", "bfloat16")) == "float32" and not values.get("bf16")
+    wbytes = 4 if fp32 else 2
+    items: list[Item] = []
+    if lora:
+        adapter = shape.lora_params(
+            int(values.get("lora_r", 16)), values.get("lora_target_modules", "all-linear")
+        )
+        items.append(
+            Item(
+                f"frozen weights ({wbytes} B/parameter, / {shard})",
+                shape.params * wbytes / shard,
+                "model_name_or_path",
+            )
+        )
+        items.append(
+            Item(
+                f"LoRA adapter, its gradients and Adam states ({adapter / 1e6:.0f}M x 16 B)",
+                adapter * 16.0 / shard,
+                "lora_r",
+            )
+        )
+    else:
+        items.append(
+            Item(
+                f"weights, gradients, Adam states (16 B/parameter, / {shard})",
+                shape.params * 16.0 / shard,
+                "model_name_or_path",
+            )
+        )
+        if shard > 1:
+            gathered = max(2 * shape.params / shape.layers, shape.vocab * shape.hidden) * 2
+            items.append(Item("gathered parameters in flight (estimate)", gathered))
+    tokens = int(values.get("per_device_train_batch_size", 8)) * int(values.get("max_length", 1024))
+    abytes = 4 if fp32 else 2
+    per_token = shape.hidden * (shape.layers * abytes + 17 * abytes) if values.get("activation_checkpointing") else (
+        shape.hidden * shape.layers * 17 * abytes)  # fmt: skip
+    act_name = (
+        "checkpointed activations (estimate)"
+        if values.get("activation_checkpointing")
+        else "activations (estimate)"
+    )
+    items.append(
+        Item(f"{act_name}, {tokens} tokens", tokens * float(per_token), "per_device_train_batch_size")
+    )
+    plan.notes.append(
+        f"{shape.name}: {shape.params / 1e9:.3f}B parameters; {'LoRA' if lora else 'full fine-tuning'} under "
+        f"{sharding} over {world} process(es); activations: each layer's input kept ({abytes} B x hidden per "
+        f"token and layer) plus one layer recomputed (34 x hidden x 16-bit per token: Korthikanti et al. 2022, "
+        "flash attention), an estimate; the loss scores labelled positions only"
+    )  # fmt: skip
+    if hw.gpus:
+        for g in range(hw.gpus):
+            plan.gpus[g].append(Item("CUDA context (estimate)", CUDA_CONTEXT))
+            plan.gpus[g].extend(items)
+        plan.host["rank 0"] = [
+            Item("Python, torch, dataset pages (estimate)", RUNTIME_HOST),
+            Item("full bf16 weights when loading and at the final save", shape.params * 2.0),
+        ]
+        if hw.gpus > 1 or hw.nodes > 1:
+            plan.host["every other rank"] = [Item("Python, torch, dataset pages (estimate)", RUNTIME_HOST)]
+    else:
+        plan.host["the process"] = [Item("Python, torch, dataset pages (estimate)", RUNTIME_HOST), *items]
+
+
+def check_visible(stage: str, values: dict[str, Any]) -> None:
+    """A command's own check before it loads anything: the stage's plan on the GPUs this process sees
+    (their count and the first one's memory). Nothing to check on a machine without CUDA devices."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        return
+    memory = float(torch.cuda.get_device_properties(0).total_memory)
+    if stage == "sample":  # this process is one engine: it sees its own GPUs
+        values = {**values, "tensor_parallel_size": min(count, int(values.get("tensor_parallel_size", 1)))}
+    plan_stage(stage, values, Hardware(1, count, memory)).check()

@@ -1,0 +1,122 @@
+"""The memory plan (corag.plan, `corag plan`): shipped configs fit their declared hardware, the layout
+they replaced does not, and the arithmetic behind both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corag.commands.plan import main as plan_main
+from corag.errors import InputError
+from corag.plan import GB, KNOWN_MODELS, Hardware, index_bytes, parse_hardware, parse_memory, plan_stage
+from corag.retrieval.base import parse_devices
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SHIPPED = sorted(p for d in ("sampling", "eval", "sft") for p in (CONFIGS / d).glob("*.yaml"))
+MODELS = {"_8b-full.yaml": "meta-llama/Llama-3.1-8B-Instruct", "toy.yaml": "runs/quickstart/models/warm"}
+
+# The sampling and evaluation layout shipped before the plan: vLLM at 0.85 and a local index folder
+# loaded onto every GPU the process sees.
+OLD_SAMPLING = """model: meta-llama/Llama-3.1-8B-Instruct
+questions: data/multihopqa/train.jsonl
+corpus: data/kilt-corpus
+retriever: data/index/e5-large-v2
+num_chains: 16
+backend: vllm-async
+tensor_parallel_size: 1
+gpu_memory_utilization: 0.85
+max_model_len: 8192
+"""
+OLD_EVAL = """model: corag/CoRAG-Llama3.1-8B-MultihopQA
+data: data/multihopqa/musique_validation.jsonl
+corpus: data/kilt-corpus
+retriever: data/index/e5-large-v2
+methods: ["greedy:L=6"]
+backend: vllm-async
+tensor_parallel_size: 1
+gpu_memory_utilization: 0.85
+max_model_len: 8192
+"""
+
+
+@pytest.mark.parametrize("config", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_shipped_config_fits_its_declared_hardware(config: Path, capsys) -> None:
+    assert config.read_text().startswith("# hardware: ")
+    extra = ["--model", MODELS[config.name]] if config.name in MODELS and config.parent.name == "sft" else []
+    assert plan_main(["--config", str(config), *extra]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("plan fits: ")
+
+
+@pytest.mark.parametrize("old", [OLD_SAMPLING, OLD_EVAL], ids=["sampling", "eval"])
+def test_the_old_layout_is_refused_on_8_x_80gb_naming_the_index(old: str, tmp_path: Path) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text(old)
+    with pytest.raises(InputError) as error:
+        plan_main(["--config", str(path), "--gpus", "8", "--gpu-memory", "80GB"])
+    message = str(error.value)
+    assert "\n" not in message and "dense index shard" in message and "GPU 0" in message
+    assert error.value.field == "index_devices"
+
+
+def test_the_new_sampling_layout_needs_the_smaller_fraction(tmp_path: Path) -> None:
+    text = (
+        (CONFIGS / "sampling/llama3.1-8b.yaml")
+        .read_text()
+        .replace("gpu_memory_utilization: 0.5", "gpu_memory_utilization: 0.85")
+    )
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError, match="dense index shard"):
+        plan_main(["--config", str(path)])
+
+
+def test_arithmetic_on_hand_computed_cases() -> None:
+    llama = KNOWN_MODELS["llama318b"]
+    assert llama.kv_bytes_per_token() == 131072  # 32 layers x 8 kv heads x 128 x 2 (K, V) x 2 bytes
+    assert abs(llama.params - 8_030_261_248) < 1e6
+    assert abs(KNOWN_MODELS["qwen38b"].params / 1e9 - 8.19) < 0.01
+    assert abs(KNOWN_MODELS["qwen34b"].params / 1e9 - 4.02) < 0.01
+    assert abs(KNOWN_MODELS["smollm2"].params / 1e6 - 134.5) < 0.5
+    assert round(index_bytes(35_700_000, 1024) / GB, 1) == 73.1
+    values = {"model_name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "per_device_train_batch_size": 1,
+              "max_length": 1}  # fmt: skip
+    plan = plan_stage("sft", values, Hardware(1, 8, 80 * GB, sharding="zero3"))
+    states = [i for i in plan.gpus[0] if i.name.startswith("weights, gradients")][0]
+    assert states.size == llama.params * 16 / 8  # ZeRO-3: 16 B/param over 8 GPUs, ~16.1 GB each
+    ddp = plan_stage("sft", values, Hardware(1, 8, 80 * GB, sharding="ddp"))
+    assert [i for i in ddp.gpus[0] if i.name.startswith("weights, gradients")][0].size == llama.params * 16
+
+
+def test_gpu_memory_and_hardware_parsing() -> None:
+    assert parse_memory("80GB") == 80e9
+    assert parse_memory("141GB") == 141e9
+    assert parse_memory("80GiB") == 80 * 2**30
+    with pytest.raises(InputError, match="80GB"):
+        parse_memory("eighty")
+    hw = parse_hardware("2 nodes x 8 GPUs x 141 GB, zero3")
+    assert (hw.nodes, hw.gpus, hw.gpu_memory, hw.sharding) == (2, 8, 141e9, "zero3")
+    assert parse_hardware("CPU, 8 GB RAM").host_memory == 8e9
+
+
+def test_device_lists_and_their_errors() -> None:
+    assert parse_devices("cuda:0-3") == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert parse_devices("cuda:0,1") == ["cuda:0", "cuda:1"]
+    assert parse_devices("cuda:0-1,6", 8) == ["cuda:0", "cuda:1", "cuda:6"]
+    assert parse_devices("cpu", 0) == []
+    assert parse_devices("cuda", 2) == ["cuda:0", "cuda:1"]
+    with pytest.raises(InputError, match="cuda:4 does not exist"):
+        parse_devices("cuda:0-7", 4)
+    with pytest.raises(InputError, match="no CUDA device"):
+        parse_devices("cuda", 0)
+    for bad in ("gpu0", "cuda:3-1", "cuda:a", "cuda:0,0"):
+        with pytest.raises(InputError):
+            parse_devices(bad, 8)
+
+
+def test_a_service_with_an_absent_device_is_refused(tmp_path: Path) -> None:
+    text = (CONFIGS / "sampling/llama3.1-8b.yaml").read_text()
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError, match="cuda:4 does not exist"):
+        plan_main(["--config", str(path), "--gpus", "4", "--gpu-memory", "80GB"])
