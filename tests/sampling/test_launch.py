@@ -310,3 +310,45 @@ def test_the_wait_is_bounded_and_names_the_file(cluster):
     url_file.write_text(f"http://127.0.0.1:{free_port()}\n")  # left by a service that was killed
     done = launch(cluster, *args, env=slurm_array_env(cluster), script="slurm_array.sh")
     assert done.returncode == 2 and "never answered" in done.stderr and records(cluster) == []
+
+
+def evaluate(cluster, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    tmp, config, base = cluster
+    base = {
+        **base,
+        "CORAG_EVAL_COMMAND": f"{sys.executable} {tmp / 'record.py'}",
+        "SLURM_SUBMIT_DIR": str(tmp),
+    }
+    argv = ["bash", str(ROOT / "evaluation" / "slurm_eval.sh"), str(config), *args]
+    return subprocess.run(argv, env={**base, **(env or {})}, cwd=tmp, capture_output=True, text=True)
+
+
+def test_evaluation_runs_one_file_per_gpu_through_the_waited_for_service(cluster, toy_world):
+    from corag.retrieval.service import BackgroundServer, create_app
+
+    tmp = cluster[0]
+    url_file = tmp / "run" / "retriever.url"
+    url_file.parent.mkdir()
+    data = ["--data", "d/hotpotqa.jsonl", "--data", "d/musique.jsonl", "--data", "d/2wiki.jsonl"]
+    with BackgroundServer(create_app(BM25Retriever.from_passages(toy_world.passages))) as service:
+        url_file.write_text(service.url + "\n")
+        args = ["--retriever-url-file", str(url_file), *data, "--", "--methods", "greedy:L=6"]
+        done = evaluate(cluster, *args, env={"CUDA_VISIBLE_DEVICES": "3,4"})
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp / "record.jsonl").read_text().splitlines()]
+    by_data = {r["argv"][r["argv"].index("--data") + 1]: r for r in rows}
+    assert sorted(by_data) == ["d/2wiki.jsonl", "d/hotpotqa.jsonl", "d/musique.jsonl"]
+    assert [by_data[f"d/{n}.jsonl"]["devices"] for n in ("hotpotqa", "musique", "2wiki")] == ["3", "4", "3"]
+    for name, row in by_data.items():
+        argv = row["argv"]
+        assert argv[argv.index("--retriever") + 1] == service.url and "greedy:L=6" in argv
+        assert argv[argv.index("--out-dir") + 1] == f"runs/eval/{Path(name).stem}"
+
+
+def test_evaluation_wait_is_bounded(cluster):
+    url_file = cluster[0] / "nowhere.url"
+    done = evaluate(
+        cluster, "--retriever-url-file", str(url_file), "--wait-minutes", "0.01", "--data", "d.jsonl"
+    )
+    assert done.returncode == 2 and not (cluster[0] / "record.jsonl").exists()
+    assert str(url_file) in done.stderr and "never written" in done.stderr
