@@ -13,8 +13,12 @@ The examples (sub-query, sub-answer and final-answer, and learned-stop on reques
 builds under a lock while the others wait, no collective pending) into `<output_dir>-examples`. Tokens
 are computed once and cached beside the examples; every process memory-maps both. Loss falls only on each
 target and its end-of-turn token. Full fine-tuning, or LoRA with `use_peft: true`; resumes from the last
-checkpoint in output_dir; with LoRA, `merge_lora: true` also writes a merged model to
-`<output_dir>/merged` that transformers and vLLM load.
+checkpoint in output_dir, so a requeued job goes on where it stopped; with LoRA, `merge_lora: true`
+also writes a merged model to `<output_dir>/merged` that transformers and vLLM load.
+
+On N nodes under Slurm: `sbatch --nodes=N recipes/slurm_sft.sh CONFIG [--key value ...]` (one
+`accelerate launch` per node, rendezvous at the job's first node). `effective_batch_size` sets the
+gradient accumulation from the number of processes, so the batch is the config's on any GPU count.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import logging
 import os
 import sys
 import types
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlparse
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
@@ -58,6 +64,13 @@ class RecipeArguments:
     merge_lora: bool = field(
         default=False, metadata={"help": "with LoRA, also save a merged model to output_dir/merged"}
     )
+    effective_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "examples per optimizer step over all processes: sets gradient_accumulation_steps to "
+            "this / (per_device_train_batch_size x processes), whatever the number of GPUs"
+        },
+    )
 
 
 CONFIGS = (ExamplesConfig, RecipeArguments, SFTConfig, ModelConfig)
@@ -86,6 +99,7 @@ def parse_args(
     except (ValueError, InputError) as e:  # messages name the unknown keys; make them a clean CLI error
         fail(str(e))
     model_args.attn_implementation = attention_implementation(model_args.attn_implementation)
+    apply_effective_batch(recipe_args, sft_args, int(os.environ.get("WORLD_SIZE", "1")))
     if model_args.model_name_or_path is None:
         fail("`model_name_or_path` is required")
     if data_args.chains is not None and data_args.corpus is None:
@@ -99,6 +113,86 @@ def fail(message: str) -> NoReturn:
     """A bad config or flag: one line on stderr, exit status 2 (as argparse does)."""
     print(f"recipes/sft.py: error: {' '.join(message.split())}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def apply_effective_batch(recipe_args: RecipeArguments, sft_args: SFTConfig, world_size: int) -> None:
+    """Set gradient_accumulation_steps from `effective_batch_size` for `world_size` processes (the
+    WORLD_SIZE accelerate launch sets); a batch that does not divide ends the run in one line."""
+    if recipe_args.effective_batch_size is None:
+        return
+    try:
+        sft_args.gradient_accumulation_steps = accumulation_steps(
+            recipe_args.effective_batch_size, sft_args.per_device_train_batch_size, world_size
+        )
+    except InputError as e:
+        fail(str(e))
+
+
+def accumulation_steps(effective: int, per_device: int, world_size: int) -> int:
+    """Gradient accumulation that keeps `effective` examples per optimizer step on `world_size` processes
+    (the paper's 256 stays 256 on 8 or 16 GPUs); an InputError when it does not divide."""
+    per_step = per_device * world_size
+    if effective < 1 or effective % per_step:
+        raise InputError(
+            f"{effective} is not a multiple of per_device_train_batch_size {per_device} x {world_size} "
+            f"process(es) = {per_step}; change one of them",
+            field="effective_batch_size",
+        )
+    return effective // per_step
+
+
+def wandb_offline_if_unreachable(
+    report_to: str | list[str] | None,
+    env: MutableMapping[str, str],
+    reachable: Callable[[str], bool] | None = None,
+) -> str | None:
+    """Switch W&B to offline (WANDB_MODE=offline in `env`) when it is asked for but has no API key or no
+    network, so a node without either trains instead of failing in the trainer; returns the warning.
+
+    `wandb sync` uploads the offline run later. A run that says WANDB_MODE itself is left alone.
+    """
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if not ({"wandb", "all"} & set(names)) or env.get("WANDB_MODE", "").lower() in (
+        "offline",
+        "disabled",
+        "dryrun",
+    ):
+        return None
+    base = env.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    host = urlparse(base).hostname or "api.wandb.ai"
+    if not env.get("WANDB_API_KEY") and not _netrc_has(host, env):
+        reason = "no W&B API key (set WANDB_API_KEY or run `wandb login`)"
+    elif not (reachable or _reachable)(base):
+        reason = f"{base} cannot be reached"
+    else:
+        return None
+    env["WANDB_MODE"] = "offline"
+    return f"{reason}: W&B logs offline into ./wandb (upload later with `wandb sync`)"
+
+
+def _netrc_has(host: str, env: Mapping[str, str]) -> bool:
+    """Whether the netrc file `wandb login` writes holds a password for `host`."""
+    import netrc
+
+    path = env.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        entry = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entry and entry[2])
+
+
+def _reachable(url: str, timeout: float = 5.0) -> bool:
+    """Whether a TCP connection to the URL's host opens within `timeout` seconds."""
+    import socket
+
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def attention_implementation(requested: str | None) -> str | None:
@@ -186,6 +280,15 @@ def main(argv: list[str] | None = None) -> int:
         score_only_labelled_positions()
     logging.basicConfig(level=logging.INFO if sft_args.process_index == 0 else logging.WARNING)
     set_seed(sft_args.seed)
+    warning = wandb_offline_if_unreachable(sft_args.report_to, os.environ)  # before the trainer starts W&B
+    if warning and sft_args.process_index == 0:
+        logger.warning(warning)
+    logger.info(
+        "effective batch: %d per device x %d accumulation x %d processes",
+        sft_args.per_device_train_batch_size,
+        sft_args.gradient_accumulation_steps,
+        sft_args.world_size,
+    )
 
     # 1. Resume from the last checkpoint in output_dir unless told otherwise.
     checkpoint = sft_args.resume_from_checkpoint
@@ -251,7 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     trainer.save_state()
 
     # 6. Save a checkpoint that AutoModelForCausalLM and vLLM load (a LoRA adapter, merged on request).
+    # FSDP checkpoints are sharded during training (fsdp_state_dict_type: SHARDED_STATE_DICT: each rank
+    # writes its own shard, nothing gathered); the final save gathers one full state dict, as accelerate
+    # documents for this case.
     trainer.model.config.use_cache = True
+    if trainer.is_fsdp_enabled:
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model(sft_args.output_dir)
     if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(sft_args.output_dir)

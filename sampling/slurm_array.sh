@@ -2,22 +2,39 @@
 # A Slurm array job: one task per node, each running the node launcher (sampling/launch_node.sh) on
 # the node's GPUs. Submit from the folder the config's paths are relative to.
 #
-#   sbatch --array=0-15 sampling/slurm_array.sh configs/sampling/llama3.1-8b.yaml [-- flags]
+#   sbatch --array=0-1 sampling/slurm_array.sh CONFIG [launcher flags] [-- flags for corag sample]
+#   sbatch --array=0-1 sampling/slurm_array.sh configs/sampling/llama3.1-8b.yaml \
+#       --retriever-url-file runs/retriever.url --num-shards 64
+#
+# Launcher flags (python -m corag.commands.launch --help): --num-shards S (else the config's
+# num_shards), --tensor-parallel-size T, --retriever-url-file FILE with --wait-minutes M (default 30):
+# each task waits at run time for the URL file sampling/serve_retriever.sh writes and for the service to
+# answer, then passes --retriever URL to every shard; after M minutes without one it fails with one line
+# naming the file. To start the array only once the service job runs, chain it as well:
+#   sbatch --array=0-1 --dependency=after:<service job id> sampling/slurm_array.sh ...
+# (`after`, not `afterok`: the service runs until cancelled.)
 #
 # Any array range works (--array=16-31, --array=0-30:2): task i of the array is node i of the run.
-# Shard logs go to logs/ (created here); Slurm's own log goes to the submission folder (Slurm opens it
-# before the script runs). Resubmitting the same array resumes every shard where it stopped; then merge:
+# Shard logs go to logs/ (created here; CORAG_LOG_DIR sets another); Slurm's own log goes to the
+# submission folder (Slurm opens it before the script runs). Resubmitting the same array resumes every
+# shard where it stopped; then merge:
 #   corag merge --questions <questions> --out chains.jsonl <out_dir>/chains-*.jsonl
+# --mem: host memory of one node's engines (each vLLM engine loads its weights through host memory);
+# set it to what your nodes have (--mem=0 takes all of a node's memory).
 #SBATCH --job-name=corag-sample
 #SBATCH --nodes=1
 #SBATCH --gpus-per-node=8
 #SBATCH --cpus-per-task=32
+#SBATCH --mem=256G
 #SBATCH --time=24:00:00
 #SBATCH --requeue
 #SBATCH --output=corag-sample-%A_%a.out
 set -euo pipefail
-config=${1:?usage: sbatch --array=A-B sampling/slurm_array.sh CONFIG [-- flags]}
+usage="usage: sbatch --array=A-B sampling/slurm_array.sh CONFIG [launcher flags] [-- flags]"
+config=${1:?$usage}
 shift
+own=()
+while [[ $# -gt 0 && "$1" != "--" ]]; do own+=("$1"); shift; done
 [[ "${1:-}" == "--" ]] && shift
 task=${SLURM_ARRAY_TASK_ID:?not an array task: submit with sbatch --array=A-B}
 first=${SLURM_ARRAY_TASK_MIN:-$task}
@@ -28,4 +45,4 @@ cd "${SLURM_SUBMIT_DIR:-.}"
 log_dir=${CORAG_LOG_DIR:-logs}
 mkdir -p "$log_dir"
 exec "${PYTHON:-python}" -m corag.commands.launch "$config" --node-index "$node" --num-nodes "$count" \
-  --log-dir "$log_dir" -- "$@"
+  --log-dir "$log_dir" ${own[@]+"${own[@]}"} -- "$@"

@@ -139,4 +139,6 @@ def settings_record(*configs: Any) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for config in configs:
         values.update(dataclasses.asdict(config))
+    if values.get("api_key"):
+        values["api_key"] = "(set)"  # a secret: never written to outputs
     return {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}

@@ -1,7 +1,8 @@
 """The node launcher (`sampling/launch_node.sh`): the shards of a sampling run on this node's devices.
 
     sampling/launch_node.sh CONFIG [--node-index I] [--num-nodes N] [--num-shards S]
-                            [--tensor-parallel-size T] [--log-dir logs] [-- flags for corag sample]
+                            [--tensor-parallel-size T] [--log-dir logs]
+                            [--retriever-url-file FILE [--wait-minutes M]] [-- flags for corag sample]
 
 The run's shards are fixed by the config (`num_shards`), never by the hardware: node I of N runs
 engines on its devices, `tensor_parallel_size` devices each, and engine e of the W = N x engines
@@ -10,8 +11,12 @@ or with another number of GPUs, keeps every shard's name, so unfinished shards r
 finds them all.
 
 The devices are the allocation's: CUDA_VISIBLE_DEVICES as Slurm (or the user) set it, else Slurm's
-SLURM_STEP_GPUS / SLURM_JOB_GPUS, else every GPU `nvidia-smi` lists; none at all runs one engine on the
-CPU. Each engine gets its devices as CUDA_VISIBLE_DEVICES, a subset of what the allocation gave.
+SLURM_STEP_GPUS / SLURM_JOB_GPUS (renumbered from 0 where the job sees only its own GPUs), else every
+GPU `nvidia-smi` lists; none at all runs one engine on the CPU. Each engine gets its devices as CUDA_VISIBLE_DEVICES, a subset of what the allocation gave.
+
+With `--retriever-url-file`, the launcher first waits (at most `--wait-minutes`) for the file a
+retrieval service job writes (sampling/serve_retriever.sh) and for that service to answer, then gives
+every shard `--retriever URL`: the URL is read when the job runs, not when it is submitted.
 """
 
 from __future__ import annotations
@@ -27,22 +32,37 @@ from pathlib import Path
 
 from corag.config import load_yaml, parse_config
 from corag.errors import InputError
+from corag.retrieval.client import wait_for_service
 
 
 def visible_devices(env: Mapping[str, str]) -> list[str] | None:
-    """The GPUs this node may use, as CUDA_VISIBLE_DEVICES entries, or None when there are none."""
-    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+    """The GPUs this node may use, as CUDA_VISIBLE_DEVICES entries, or None when there are none.
+
+    Slurm's SLURM_STEP_GPUS / SLURM_JOB_GPUS hold physical ids; where the job's cgroup shows only its own
+    GPUs (nvidia-smi lists exactly as many), CUDA numbers them 0..n-1, so those are used instead.
+    """
+    if "CUDA_VISIBLE_DEVICES" in env:
+        devices = [d.strip() for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+        return devices if devices and devices != ["-1"] else None
+    listed = _listed_gpus()
+    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
         if name in env:
             devices = [d.strip() for d in env[name].split(",") if d.strip()]
-            return devices if devices and devices != ["-1"] else None
+            if not devices:
+                return None
+            return [str(i) for i in range(len(devices))] if listed == len(devices) else devices
+    return [str(i) for i in range(listed)] or None
+
+
+def _listed_gpus() -> int:
+    """How many GPUs nvidia-smi lists here (0 without a driver)."""
     try:
         listed = subprocess.run(
             ["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=60, check=True
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    count = sum(1 for line in listed.splitlines() if line.startswith("GPU "))
-    return [str(i) for i in range(count)] or None
+        return 0
+    return sum(1 for line in listed.splitlines() if line.startswith("GPU "))
 
 
 def engine_devices(devices: list[str] | None, tensor_parallel_size: int) -> list[list[str] | None]:
@@ -92,6 +112,13 @@ class LaunchArgs:
     tensor_parallel_size: int | None = field(
         default=None, metadata={"help": "GPUs per engine (default: the config's)"}
     )
+    retriever_url_file: str | None = field(
+        default=None,
+        metadata={"help": "wait for the URL file a retrieval service job writes, then pass --retriever URL"},
+    )
+    wait_minutes: float = field(
+        default=30.0, metadata={"help": "how long to wait for the URL file and the service to answer"}
+    )
     log_dir: str = field(default="logs", metadata={"help": "one log file per shard (created when missing)"})
     command: str = field(
         default_factory=lambda: os.environ.get(
@@ -128,6 +155,12 @@ def _setting(args: LaunchArgs, values: dict, name: str, default: int | None) -> 
     return value
 
 
+def check_config(args: LaunchArgs) -> tuple[int, int]:
+    """The config's num_shards and tensor_parallel_size as the launcher takes them, or an InputError."""
+    values = load_yaml(args.config)
+    return _setting(args, values, "num_shards", None), _setting(args, values, "tensor_parallel_size", 1)
+
+
 def _run_worker(
     command: list[str], shards: list[int], env: dict[str, str], log_dir: Path, failed: list[int]
 ) -> None:
@@ -144,10 +177,12 @@ def _run_worker(
 
 def main(argv: list[str] | None = None) -> int:
     args, passed = _parse(sys.argv[1:] if argv is None else argv)
-    values = load_yaml(args.config)
-    num_shards = _setting(args, values, "num_shards", None)
-    tp = _setting(args, values, "tensor_parallel_size", 1)
+    num_shards, tp = check_config(args)
     groups = engine_devices(visible_devices(os.environ), tp)
+    if args.retriever_url_file is not None:
+        url = wait_for_service(args.retriever_url_file, args.wait_minutes * 60)
+        print(f"launch: retrieval service at {url} (from {args.retriever_url_file})", file=sys.stderr)
+        passed = [*passed, "--retriever", url]
     workers = args.num_nodes * len(groups)
     if workers > num_shards:
         print(f"launch: {workers} engines for {num_shards} shards; some engines stay idle", file=sys.stderr)

@@ -200,6 +200,12 @@ class OpenAILM(CountingLM):
             else:
                 if r.status_code < 400:
                     return r.json()
+                if r.status_code == 401:
+                    raise InputError(
+                        f"the server at {url} needs an API key (HTTP 401): set api_key or OPENAI_API_KEY "
+                        "to the key it was started with (vllm serve --api-key)",
+                        field="api_key",
+                    )
                 if r.status_code not in RETRIED:
                     raise InputError(
                         f"the server at {url} refused the request (HTTP {r.status_code}): {r.text[:500]}",

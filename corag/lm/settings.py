@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,16 @@ class EngineSettings:
     base_url: str = field(
         default="", metadata={"help": "openai: running server URL(s), comma-separated (e.g. vllm serve)"}
     )
+    api_key: str | None = field(
+        default=None,
+        metadata={"help": "openai: the servers' API key (as `vllm serve --api-key`); default: $OPENAI_API_KEY. "
+        "Never written to outputs"},
+    )  # fmt: skip
+    served_model_name: str | None = field(
+        default=None,
+        metadata={"help": "openai: the name the servers serve the model under (`vllm serve "
+        "--served-model-name`); default: the first one /v1/models lists"},
+    )  # fmt: skip
     device: str | None = field(default=None, metadata={"help": "hf device (default: cuda if available)"})
     batch_size: int = field(default=64, metadata={"help": "hf: most sequences per forward pass"})
     max_batch_tokens: int | None = field(
@@ -112,7 +123,13 @@ class EngineSettings:
                 **self.render_kwargs(),
             }
         if self.backend == "openai":
-            return {"base_url": self.base_url, "max_context": self.max_model_len, **self.render_kwargs()}
+            return {
+                "base_url": self.base_url,
+                "api_key": self.api_key or os.environ.get("OPENAI_API_KEY") or None,
+                "model_name": self.served_model_name,
+                "max_context": self.max_model_len,
+                **self.render_kwargs(),
+            }
         return {
             "device": self.device,
             "dtype": None if self.dtype == "auto" else self.dtype,

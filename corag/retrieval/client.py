@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 
@@ -13,10 +15,26 @@ from corag.errors import InputError
 from corag.types import Hit
 
 APIS = ("auto", "corag", "official")
+RETRY_ENV = "CORAG_RETRIEVER_RETRY_SECONDS"  # the retry budget of every client a command opens
+RETRY_SECONDS = 600.0  # long enough for a service job to be requeued and load its index again
+
+
+def default_retry_seconds() -> float:
+    """The retry budget: $CORAG_RETRIEVER_RETRY_SECONDS, else 10 minutes."""
+    text = os.environ.get(RETRY_ENV, "").strip()
+    try:
+        return float(text) if text else RETRY_SECONDS
+    except ValueError:
+        raise InputError(f"not a number of seconds: {text!r}", field=RETRY_ENV) from None
 
 
 class RetrieverClient:
     """Sends searches to a retrieval service; retries connection failures and 503s with backoff.
+
+    A service that goes away (a requeued or restarted job) is waited for: requests are retried with
+    exponential backoff (at most `max_backoff_s` apart) for `retry_seconds` in all (default 10 minutes,
+    or $CORAG_RETRIEVER_RETRY_SECONDS), with a line on stderr while waiting; `retries` also caps the
+    number of attempts (0: fail at once).
 
     `api="corag"` speaks `corag serve-retriever`'s batched API: large batches are split into requests
     of at most `max_queries` (the service's default limit). `api="official"` speaks the official CoRAG
@@ -29,8 +47,10 @@ class RetrieverClient:
         self,
         url: str,
         timeout: float = 120.0,
-        retries: int = 5,
+        retry_seconds: float | None = None,
         backoff_s: float = 0.5,
+        max_backoff_s: float = 15.0,
+        retries: int | None = None,
         max_queries: int = 256,
         api: str = "auto",
         concurrency: int = 16,
@@ -38,7 +58,9 @@ class RetrieverClient:
         if api not in APIS:
             raise InputError(f"unknown retrieval API {api!r}; choose one of {APIS}", field="api")
         self.url = url.rstrip("/")
-        self.retries, self.backoff_s, self.max_queries = retries, backoff_s, max_queries
+        self.retry_seconds = default_retry_seconds() if retry_seconds is None else retry_seconds
+        self.retries, self.backoff_s, self.max_backoff_s = retries, backoff_s, max_backoff_s
+        self.max_queries = max_queries
         self.http = httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=max(concurrency, 1)))
         self.api, self.concurrency = api, concurrency
         self._warned_short = False
@@ -90,28 +112,47 @@ class RetrieverClient:
         return [[_hit(h) for h in row] for row in rows]
 
     def _request(self, method: str, path: str, body: dict | None) -> httpx.Response:
-        """One request with retries; a 4xx is an InputError, a 404 on /health is returned as is."""
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
+        """One request, retried while the service is unreachable or busy (503) within the retry budget;
+        a 4xx is an InputError, a 404 on /health is returned as is."""
+        start = time.monotonic()
+        next_note = start
+        attempt = 0
+        while True:
             try:
                 r = self.http.request(method, f"{self.url}{path}", json=body)
+                problem = f"HTTP {r.status_code}" if r.status_code == 503 else ""
             except httpx.TransportError as e:  # refused, reset, timed out: the service may be restarting
-                if last:
-                    raise ConnectionError(f"retrieval service at {self.url} unreachable: {e}") from e
-                time.sleep(self.backoff_s * 2**attempt)
-                continue
-            if r.status_code == 503 and not last:
-                time.sleep(self.backoff_s * 2**attempt)
-                continue
-            if r.status_code == 404 and path == "/health":
-                return r
-            if 400 <= r.status_code < 500:
-                raise InputError(
-                    f"retrieval service at {self.url} rejected the request (HTTP {r.status_code}): {_detail(r)}",
-                    field=_field(r),
+                r, problem = None, f"{type(e).__name__}: {e}"
+            if not problem:
+                break
+            waited = time.monotonic() - start
+            delay = min(self.backoff_s * 2**attempt, self.max_backoff_s)
+            out_of_budget = waited + delay > self.retry_seconds
+            if out_of_budget or (self.retries is not None and attempt >= self.retries):
+                if r is not None:
+                    return r.raise_for_status()
+                raise ConnectionError(
+                    f"retrieval service at {self.url} unreachable after {waited:.0f} s of retries "
+                    f"(retry budget {self.retry_seconds:.0f} s, {RETRY_ENV}): {problem}"
                 )
-            return r.raise_for_status()
-        raise AssertionError("unreachable")
+            if time.monotonic() >= next_note:
+                print(
+                    f"retrieval service at {self.url} not answering ({problem}); retrying for up to "
+                    f"{self.retry_seconds - waited:.0f} s more",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                next_note = time.monotonic() + 60
+            time.sleep(delay)
+            attempt += 1
+        if r.status_code == 404 and path == "/health":
+            return r
+        if 400 <= r.status_code < 500:
+            raise InputError(
+                f"retrieval service at {self.url} rejected the request (HTTP {r.status_code}): {_detail(r)}",
+                field=_field(r),
+            )
+        return r.raise_for_status()
 
     def close(self) -> None:
         self.http.close()
@@ -142,3 +183,43 @@ def _field(r: httpx.Response) -> str | None:
         return str(detail[0]["loc"][0]) if isinstance(detail, list) and detail and detail[0]["loc"] else None
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def wait_for_service(url_file: str | Path, timeout_s: float, poll_s: float = 2.0) -> str:
+    """The URL a retrieval service job writes to `url_file` (sampling/serve_retriever.sh), once the file
+    exists and the service answers GET /health; waited for at most `timeout_s`, with a line on stderr a
+    minute. Launchers call this at run time, so a job may start before the service (or be requeued)."""
+    path = Path(url_file)
+    start = time.monotonic()
+    next_note = start
+    url, problem = "", f"{path} not written yet"
+    while True:
+        if path.is_file():
+            url = path.read_text().strip()  # read again each time: a restarted service may write a new one
+            problem = f"{url or '(empty)'} (from {path}) not answering /health"
+            if url.startswith(("http://", "https://")):
+                try:
+                    httpx.get(f"{url.rstrip('/')}/health", timeout=10).raise_for_status()
+                    return url
+                except httpx.HTTPError:
+                    pass
+        waited = time.monotonic() - start
+        if waited >= timeout_s:
+            where = (
+                "was never written"
+                if not path.is_file()
+                else f"names {url or '(empty)'}, which never answered"
+            )
+            raise InputError(
+                f"no retrieval service after {timeout_s / 60:g} min: the URL file {where} (start "
+                "sampling/serve_retriever.sh first, or wait longer with --wait-minutes)",
+                file=str(path),
+            )
+        if time.monotonic() >= next_note:
+            print(
+                f"waiting for the retrieval service: {problem} ({waited:.0f} s so far)",
+                file=sys.stderr,
+                flush=True,
+            )
+            next_note = time.monotonic() + 60
+        time.sleep(min(poll_s, max(timeout_s - waited, 0.01)))

@@ -195,3 +195,56 @@ def test_predict_command_with_the_openai_backend_matches_hf(
         runs[backend] = [json.loads(line) for line in out.read_text().splitlines()]
     keys = ("query_id", "subqueries", "subanswers", "predictions", "usage")
     assert [{k: r[k] for k in keys} for r in runs["openai"]] == [{k: r[k] for k in keys} for r in runs["hf"]]
+
+
+class KeyedServer(FakeServer):
+    """A server started as the official scripts start vLLM: `--api-key KEY` (every request needs
+    `Authorization: Bearer KEY`, else 401) and `--served-model-name`, here two names."""
+
+    def __init__(self, *args, key: str, names: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.key, self.names, self.seen_auth = key, names, []
+
+    def app(self) -> FastAPI:
+        app = super().app()
+        app.router.routes = [r for r in app.router.routes if getattr(r, "path", "") != "/v1/models"]
+
+        @app.get("/v1/models")
+        async def models() -> dict:
+            return {
+                "object": "list",
+                "data": [{"id": n, "max_model_len": self.max_model_len} for n in self.names],
+            }
+
+        @app.middleware("http")
+        async def check_key(request: Request, call_next):
+            self.seen_auth.append(request.headers.get("authorization"))
+            if request.headers.get("authorization") != f"Bearer {self.key}":
+                return JSONResponse({"error": "Unauthorized"}, status_code=401)
+            return await call_next(request)
+
+        return app
+
+
+def test_api_key_and_served_model_name_from_the_engine_settings(short_model_dir, hf, monkeypatch):
+    from corag.lm.settings import EngineSettings
+
+    server = KeyedServer(short_model_dir, hf.max_context, key="sk-test", names=["other", "corag-8b"])
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with BackgroundServer(server.app()) as up:
+        with pytest.raises(InputError, match=r"api_key.*HTTP 401.*OPENAI_API_KEY"):
+            EngineSettings(backend="openai", base_url=up.url).load(short_model_dir)
+        settings = EngineSettings(
+            backend="openai", base_url=up.url, api_key="sk-test", served_model_name="corag-8b"
+        )
+        lm = settings.load(short_model_dir)
+        requests = [GenerationRequest(PROMPTS[0], max_new_tokens=6)]
+        assert (
+            lm.model_name == "corag-8b" and lm.generate(requests)[0].texts == hf.generate(requests)[0].texts
+        )
+        assert server.requests[-1]["model"] == "corag-8b" and server.seen_auth[-1] == "Bearer sk-test"
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # the key from the environment
+        assert EngineSettings(backend="openai", base_url=up.url).load(short_model_dir).model_name == "other"
+    from corag.commands.common import settings_record
+
+    assert settings_record(settings)["api_key"] == "(set)"  # the key never reaches an output file

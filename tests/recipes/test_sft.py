@@ -130,25 +130,31 @@ def test_unknown_config_key_is_named(tmp_path, toy_run, capsys):
 @pytest.mark.parametrize(
     "name", ["llama3.1-8b-full", "qwen3-8b-full", "llama3.1-8b-kilt-full", "qwen3-4b-lora", "toy"]
 )
-def test_shipped_configs_parse(name):
+def test_shipped_configs_parse(name, monkeypatch):
     from corag.config import load_yaml
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # one process: accumulation for 1 GPU
 
     path = REPO / f"configs/sft/{name}.yaml"
     paths = (
         ["--model_name_or_path", "m", "--dataset", "d"] if name == "toy" else []
     )  # given on the command line
-    data, _, sft, model = load_recipe().parse_args(["--config", str(path), *paths])
+    recipe = load_recipe()
+    data, recipe_args, sft, model = recipe.parse_args(["--config", str(path), *paths])
     if name != "toy":  # the paper's settings: 1 epoch, 100 warmup steps, max length 3072 + template
         assert (sft.num_train_epochs, sft.warmup_steps, sft.max_length) == (1, 100, 3200)
         assert load_yaml(path)["bf16"] is True
         assert sft.bf16 == is_torch_bf16_gpu_available()  # fp32 where the device lacks bf16
         assert sft.activation_checkpointing and data.ratio == 0.2
     if name.endswith("8b-full"):  # multi-hop QA: batch 256, lr 5e-6; examples laid end to end, no padding
-        assert sft.per_device_train_batch_size * sft.gradient_accumulation_steps * 8 == 256
+        assert recipe_args.effective_batch_size == 256 and sft.per_device_train_batch_size == 4
+        assert sft.gradient_accumulation_steps == 64  # one process here
+        assert recipe.accumulation_steps(256, 4, 8) == 8  # as the paper on 8 GPUs
         assert sft.learning_rate == 5e-6 and sft.padding_free and not sft.packing
         assert sft.ddp_timeout >= 3 * 3600 and data.dataset and data.chains is None
     if name == "llama3.1-8b-kilt-full":  # KILT: batch 1024, lr 1e-5
-        assert sft.per_device_train_batch_size * sft.gradient_accumulation_steps * 8 == 1024
+        assert recipe_args.effective_batch_size == 1024 and sft.gradient_accumulation_steps == 256
+        assert recipe.accumulation_steps(1024, 4, 8) == 32
         assert sft.learning_rate == 1e-5 and sft.padding_free and data.dataset.endswith("kilt")
     if "8b" in name and not torch.cuda.is_available():
         assert load_yaml(path)["attn_implementation"] == "flash_attention_2"

@@ -269,3 +269,43 @@ def test_a_lone_request_does_not_wait_for_company(bm25):
             for query in ["What is the country of Netu?", "Who founded Fithudus?"]:
                 assert client.search([query], 3) == bm25.search([query], 3)
     assert counting.sizes == [1, 1]
+
+
+def test_client_rides_out_a_service_restart_on_the_same_port(bm25, capsys):
+    """The service stops and starts again on its port (a requeued job); the client waits with backoff,
+    says so on stderr, and its search answers once the service is back."""
+    port = free_port()
+    url, queries = f"http://127.0.0.1:{port}", ["What is the country of Netu?"]
+    first = BackgroundServer(create_app(bm25), port=port).__enter__()
+    restarted: list[BackgroundServer] = []
+    with RetrieverClient(url, timeout=20, retry_seconds=60, backoff_s=0.1, max_backoff_s=0.4) as c:
+        assert c.search(queries, 3) == bm25.search(queries, 3)
+        first.__exit__(None, None, None)
+
+        def restart() -> None:
+            time.sleep(1.5)
+            restarted.append(BackgroundServer(create_app(bm25), port=port).__enter__())  # a new process's app
+
+        thread = threading.Thread(target=restart)
+        thread.start()
+        try:
+            assert c.search(queries, 3) == bm25.search(queries, 3)
+        finally:
+            thread.join()
+            for s in restarted:
+                s.__exit__(None, None, None)
+    err = capsys.readouterr().err
+    assert (
+        f"retrieval service at http://127.0.0.1:{port} not answering" in err and "retrying for up to" in err
+    )
+
+
+def test_client_retry_budget_is_bounded_and_settable(monkeypatch):
+    dead = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("CORAG_RETRIEVER_RETRY_SECONDS", "0.3")
+    with RetrieverClient(dead, backoff_s=0.05) as client:
+        assert client.retry_seconds == 0.3
+        with pytest.raises(ConnectionError, match="retry budget 0 s"):
+            client.search(["q"], 1)
+    monkeypatch.delenv("CORAG_RETRIEVER_RETRY_SECONDS")
+    assert RetrieverClient(dead).retry_seconds == 600  # minutes by default, not seconds

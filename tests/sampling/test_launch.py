@@ -212,3 +212,143 @@ def test_serve_retriever_script_writes_its_url(cluster, toy_world):
         proc.terminate()
         proc.wait(timeout=30)
     assert not url_file.exists()
+
+
+def test_every_shipped_sampling_config_is_launchable():
+    from corag.commands.launch import LaunchArgs, check_config
+
+    configs = sorted((ROOT / "configs" / "sampling").glob("*.yaml"))
+    assert {p.name for p in configs} >= {"llama3.1-8b.yaml", "qwen3-8b.yaml", "toy.yaml"}
+    for path in configs:
+        num_shards, tp = check_config(LaunchArgs(config=str(path)))
+        assert num_shards >= 1 and tp >= 1, path
+
+
+def test_slurm_array_passes_launcher_flags(cluster):
+    env = {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "0"}
+    env["CUDA_VISIBLE_DEVICES"] = "0,1"
+    done = launch(cluster, "--num-shards", "3", "--", "--limit", "5", env=env, script="slurm_array.sh")
+    assert done.returncode == 0, done.stderr
+    rows = records(cluster)
+    assert sorted(r["shard"] for r in rows) == [0, 1, 2] and {r["num_shards"] for r in rows} == {3}
+
+
+def test_slurm_physical_gpu_ids_are_renumbered_inside_the_jobs_cgroup(cluster, tmp_path):
+    """SLURM_JOB_GPUS=5,6 on a node whose nvidia-smi shows only those two: CUDA calls them 0 and 1."""
+    two = tmp_path / "two-gpus"
+    two.mkdir()
+    (two / "nvidia-smi").write_text('#!/bin/sh\necho "GPU 0: H100 (UUID: a)"\necho "GPU 1: H100 (UUID: b)"\n')
+    (two / "nvidia-smi").chmod(0o755)
+    env = {"SLURM_JOB_GPUS": "5,6", "PATH": f"{two}:{os.environ['PATH']}"}
+    done = launch(cluster, "--tensor-parallel-size", "1", env=env)
+    assert done.returncode == 0, done.stderr
+    assert {r["devices"] for r in records(cluster)} == {"0", "1"}
+
+
+def slurm_array_env(cluster) -> dict:
+    return {
+        "SLURM_ARRAY_TASK_ID": "1",
+        "SLURM_ARRAY_TASK_MIN": "0",
+        "SLURM_ARRAY_TASK_MAX": "1",
+        "SLURM_ARRAY_JOB_ID": "77",
+        "SLURM_JOB_ID": "78",
+        "SLURM_SUBMIT_DIR": str(cluster[0]),
+        "CUDA_VISIBLE_DEVICES": "0,1",
+    }
+
+
+def test_array_started_before_the_service_waits_for_it(cluster, toy_world):
+    """The array task starts first and waits; the real service comes up later, writes its URL file,
+    and every shard gets that URL."""
+    tmp, config, env = cluster
+    build_bm25_folder([toy_world.passages], tmp / "bm25")
+    url_file = tmp / "run" / "retriever.url"
+    array_env = {
+        **env,
+        **slurm_array_env(cluster),
+        "CORAG_LAUNCH_COMMAND": f"{sys.executable} {tmp / 'record.py'}",
+    }
+    array = subprocess.Popen(
+        ["bash", str(ROOT / "sampling" / "slurm_array.sh"), str(config), "--retriever-url-file", str(url_file),
+         "--wait-minutes", "3", "--", "--limit", "5"],
+        env=array_env, cwd=tmp, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    service = None
+    try:
+        first = array.stderr.readline()  # the task is up and waiting before the service exists
+        assert "waiting for the retrieval service" in first and str(url_file) in first, first
+        port = free_port()
+        service = subprocess.Popen(
+            ["bash", str(ROOT / "sampling" / "serve_retriever.sh"), str(tmp / "bm25"), str(url_file)],
+            env={**env, "PORT": str(port), "CORAG_SERVICE_HOST": "127.0.0.1"},
+            cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        rest = array.stderr.read()
+        assert array.wait(timeout=180) == 0, rest
+    finally:
+        if array.poll() is None:
+            array.kill()
+        if service is not None:
+            service.terminate()
+            service.wait(timeout=30)
+    url = f"http://127.0.0.1:{port}"
+    assert f"retrieval service at {url}" in rest
+    rows = records(cluster)
+    assert [r["shard"] for r in rows] == [1, 3, 5]  # node 1 of 2, one engine of 2 GPUs
+    assert all(r["argv"][r["argv"].index("--retriever") + 1] == url for r in rows)
+
+
+def test_the_wait_is_bounded_and_names_the_file(cluster):
+    tmp, _, _ = cluster
+    url_file = tmp / "run" / "retriever.url"
+    args = ["--retriever-url-file", str(url_file), "--wait-minutes", "0.02"]
+    done = launch(cluster, *args, env=slurm_array_env(cluster), script="slurm_array.sh")
+    assert done.returncode == 2 and records(cluster) == []
+    error = done.stderr.strip().splitlines()[-1]
+    assert str(url_file) in error and "never written" in error and "0.02 min" in error
+    url_file.parent.mkdir()
+    url_file.write_text(f"http://127.0.0.1:{free_port()}\n")  # left by a service that was killed
+    done = launch(cluster, *args, env=slurm_array_env(cluster), script="slurm_array.sh")
+    assert done.returncode == 2 and "never answered" in done.stderr and records(cluster) == []
+
+
+def evaluate(cluster, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    tmp, config, base = cluster
+    base = {
+        **base,
+        "CORAG_EVAL_COMMAND": f"{sys.executable} {tmp / 'record.py'}",
+        "SLURM_SUBMIT_DIR": str(tmp),
+    }
+    argv = ["bash", str(ROOT / "evaluation" / "slurm_eval.sh"), str(config), *args]
+    return subprocess.run(argv, env={**base, **(env or {})}, cwd=tmp, capture_output=True, text=True)
+
+
+def test_evaluation_runs_one_file_per_gpu_through_the_waited_for_service(cluster, toy_world):
+    from corag.retrieval.service import BackgroundServer, create_app
+
+    tmp = cluster[0]
+    url_file = tmp / "run" / "retriever.url"
+    url_file.parent.mkdir()
+    data = ["--data", "d/hotpotqa.jsonl", "--data", "d/musique.jsonl", "--data", "d/2wiki.jsonl"]
+    with BackgroundServer(create_app(BM25Retriever.from_passages(toy_world.passages))) as service:
+        url_file.write_text(service.url + "\n")
+        args = ["--retriever-url-file", str(url_file), *data, "--", "--methods", "greedy:L=6"]
+        done = evaluate(cluster, *args, env={"CUDA_VISIBLE_DEVICES": "3,4"})
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp / "record.jsonl").read_text().splitlines()]
+    by_data = {r["argv"][r["argv"].index("--data") + 1]: r for r in rows}
+    assert sorted(by_data) == ["d/2wiki.jsonl", "d/hotpotqa.jsonl", "d/musique.jsonl"]
+    assert [by_data[f"d/{n}.jsonl"]["devices"] for n in ("hotpotqa", "musique", "2wiki")] == ["3", "4", "3"]
+    for name, row in by_data.items():
+        argv = row["argv"]
+        assert argv[argv.index("--retriever") + 1] == service.url and "greedy:L=6" in argv
+        assert argv[argv.index("--out-dir") + 1] == f"runs/eval/{Path(name).stem}"
+
+
+def test_evaluation_wait_is_bounded(cluster):
+    url_file = cluster[0] / "nowhere.url"
+    done = evaluate(
+        cluster, "--retriever-url-file", str(url_file), "--wait-minutes", "0.01", "--data", "d.jsonl"
+    )
+    assert done.returncode == 2 and not (cluster[0] / "record.jsonl").exists()
+    assert str(url_file) in done.stderr and "never written" in done.stderr

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# SFT on N nodes under Slurm: one task per node, each running `accelerate launch` over its node's GPUs,
+# all joining one training world by c10d rendezvous at the job's first node.
+#
+#   sbatch --nodes=2 recipes/slurm_sft.sh zero3 configs/sft/llama3.1-8b-full.yaml [--key value ...]
+#
+# The first argument picks configs/accelerate/<zero3|fsdp|ddp>.yaml (or give a path); the rest go to
+# recipes/sft.py. Submit from the folder the config's paths are relative to. Processes: the node's GPUs as
+# Slurm gives them (SLURM_GPUS_ON_NODE, else CUDA_VISIBLE_DEVICES; accelerate uses CUDA_VISIBLE_DEVICES,
+# never the physical ids of SLURM_JOB_GPUS); CORAG_PROCS_PER_NODE overrides. The configs' effective_batch_size
+# keeps the batch the same on any number of nodes (gradient accumulation = effective batch /
+# (per-device batch x processes)). A requeued job (node failure, preemption, `scontrol requeue`) starts
+# again and the recipe resumes from the last checkpoint in output_dir; resume on the same number of GPUs,
+# so that the data order and the steps already done stay what they were.
+#
+# Logs: Slurm's own in the submission folder; one per node in logs/ (CORAG_LOG_DIR), appended on requeue.
+# MAIN_PORT (default 29500 + job id mod 1000) is the rendezvous port on the first node.
+# --mem: host memory per node (8 processes loading an 8B model, the dataloaders, the checkpoint writes);
+# set it to what your nodes have (--mem=0 takes all of a node's memory).
+#SBATCH --job-name=corag-sft
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=64
+#SBATCH --mem=512G
+#SBATCH --time=48:00:00
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=corag-sft-%j.out
+set -euo pipefail
+usage="usage: sbatch --nodes=N recipes/slurm_sft.sh <zero3|fsdp|ddp|ACCELERATE_YAML> CONFIG [--key value ...]"
+accel=${1:?$usage}
+config=${2:?$usage}
+shift 2
+[[ "$accel" == *.yaml ]] || accel="configs/accelerate/$accel.yaml"
+cd "${SLURM_SUBMIT_DIR:-.}"
+[[ -f "$accel" ]] || { echo "slurm_sft.sh: no accelerate config $accel" >&2; exit 2; }
+[[ -f "$config" ]] || { echo "slurm_sft.sh: no SFT config $config" >&2; exit 2; }
+nodes=${SLURM_NNODES:?not a Slurm job: submit with sbatch --nodes=N}
+if [[ -n "${CORAG_PROCS_PER_NODE:-}" ]]; then
+  per_node=$CORAG_PROCS_PER_NODE
+elif [[ -n "${SLURM_GPUS_ON_NODE:-}" ]]; then
+  per_node=$SLURM_GPUS_ON_NODE
+elif [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+  per_node=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)
+else
+  echo "slurm_sft.sh: no GPUs in this job (ask for --gpus-per-node, or set CORAG_PROCS_PER_NODE)" >&2
+  exit 2
+fi
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+port=${MAIN_PORT:-$(( 29500 + ${SLURM_JOB_ID:-0} % 1000 ))}
+log_dir=${CORAG_LOG_DIR:-logs}
+mkdir -p "$log_dir"
+echo "slurm_sft.sh: $nodes node(s) x $per_node process(es), rendezvous at $head_node:$port, logs in $log_dir/"
+# One task per node; the first task that fails ends the others (a hung collective would hold every GPU).
+srun --kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --open-mode=append \
+  --output="$log_dir/corag-sft-%j-node%t.log" \
+  bash -c 'exec "$0" launch --config_file "$1" --num_machines "$2" --num_processes "$3" \
+    --machine_rank "$SLURM_PROCID" --main_process_ip "$4" --main_process_port "$5" --rdzv_backend c10d \
+    "${@:6}"' \
+  "${ACCELERATE:-accelerate}" "$accel" "$nodes" "$(( nodes * per_node ))" "$head_node" "$port" \
+  recipes/sft.py --config "$config" "$@"

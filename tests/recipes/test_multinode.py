@@ -1,0 +1,190 @@
+"""SFT on many nodes: the effective batch whatever the GPU count, W&B without a key or network, and the
+Slurm script's command lines on 2 nodes (stub srun, scontrol and accelerate that record their argv)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corag.errors import InputError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_recipe():
+    """recipes/sft.py as a module (it is a script, not part of the package), shared with test_sft.py."""
+    if "corag_sft_recipe" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("corag_sft_recipe", REPO / "recipes" / "sft.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["corag_sft_recipe"]
+
+
+def test_accumulation_keeps_the_effective_batch():
+    steps = load_recipe().accumulation_steps
+    assert [steps(256, 4, n) for n in (1, 8, 16, 64)] == [64, 8, 4, 1]
+    assert steps(1024, 4, 8) == 32 and steps(1024, 4, 16) == 16
+    with pytest.raises(
+        InputError, match=r"effective_batch_size.*not a multiple of .* 4 x 12 process\(es\) = 48"
+    ):
+        steps(256, 4, 12)
+    with pytest.raises(InputError):
+        steps(256, 4, 128)  # fewer than one example per step
+
+
+def test_the_recipe_derives_accumulation_from_the_world_size(monkeypatch, capsys):
+    recipe = load_recipe()
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    _, args, sft, _ = recipe.parse_args(["--config", str(REPO / "configs/sft/llama3.1-8b-full.yaml")])
+    assert args.effective_batch_size == 256 and sft.gradient_accumulation_steps == 64  # 1 process
+    recipe.apply_effective_batch(args, sft, 16)  # WORLD_SIZE on 2 nodes x 8 GPUs
+    assert sft.gradient_accumulation_steps == 4
+    args.effective_batch_size = 200
+    with pytest.raises(SystemExit):
+        recipe.apply_effective_batch(args, sft, 16)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "effective_batch_size" in err[-1] and "not a multiple" in err[-1]
+
+
+def test_wandb_goes_offline_without_a_key_or_network(tmp_path):
+    fallback = load_recipe().wandb_offline_if_unreachable
+    never = lambda url: False  # noqa: E731
+    always = lambda url: True  # noqa: E731
+    env = {"NETRC": str(tmp_path / "none")}
+    warning = fallback(["wandb"], env, always)
+    assert env["WANDB_MODE"] == "offline" and "no W&B API key" in warning and "wandb sync" in warning
+    env = {"NETRC": str(tmp_path / "none"), "WANDB_API_KEY": "k"}
+    assert "cannot be reached" in fallback(["wandb"], env, never) and env["WANDB_MODE"] == "offline"
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password secret\n")
+    netrc.chmod(0o600)
+    env = {"NETRC": str(netrc)}
+    assert fallback(["wandb"], env, always) is None and "WANDB_MODE" not in env  # key from `wandb login`
+    env = {"WANDB_MODE": "disabled"}
+    assert fallback(["wandb"], env, never) is None and env == {"WANDB_MODE": "disabled"}
+    assert fallback(["none"], {}, never) is None and fallback([], {}, never) is None
+
+
+STUB_SRUN = """#!{python}
+# Slurm's srun as far as the script uses it: records its options, runs the command once per node with
+# SLURM_PROCID set (one task per node).
+import json, os, subprocess, sys
+args = sys.argv[1:]
+options = []
+while args and args[0].startswith("--"):
+    options.append(args.pop(0))
+with open(os.environ["STUB_RECORD"], "a") as f:
+    f.write(json.dumps({{"srun": options}}) + "\\n")
+for rank in range(int(os.environ["SLURM_NNODES"])):
+    code = subprocess.run(args, env={{**os.environ, "SLURM_PROCID": str(rank)}}).returncode
+    if code:
+        sys.exit(code)
+"""
+
+STUB_ACCELERATE = """#!{python}
+import json, os, sys
+with open(os.environ["STUB_RECORD"], "a") as f:
+    f.write(json.dumps({{"accelerate": sys.argv[1:], "procid": os.environ["SLURM_PROCID"]}}) + "\\n")
+"""
+
+STUB_SCONTROL = """#!/bin/sh
+[ "$1 $2 $3" = "show hostnames gpu-[017-018]" ] || {{ echo "unexpected: $*" >&2; exit 1; }}
+printf 'gpu-017\\ngpu-018\\n'
+"""
+
+
+@pytest.fixture
+def slurm(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", STUB_SRUN), ("accelerate", STUB_ACCELERATE), ("scontrol", STUB_SCONTROL)):
+        (bin_dir / name).write_text(text.format(python=sys.executable))
+        (bin_dir / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE_DEVICES"))}
+    env.update(
+        PATH=f"{bin_dir}:{env['PATH']}",
+        STUB_RECORD=str(tmp_path / "record.jsonl"),
+        SLURM_JOB_ID="4242",
+        SLURM_NNODES="2",
+        SLURM_JOB_NODELIST="gpu-[017-018]",
+        SLURM_GPUS_ON_NODE="8",
+        SLURM_JOB_GPUS="4,5,6,7,8,9,10,11",  # physical ids: never used
+        CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7",
+        SLURM_SUBMIT_DIR=str(REPO),
+        CORAG_LOG_DIR=str(tmp_path / "logs"),
+    )
+    return tmp_path, env
+
+
+def submit(slurm, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    tmp, env = slurm
+    done = subprocess.run(
+        ["bash", str(REPO / "recipes/slurm_sft.sh"), *args], env=env, cwd=tmp, capture_output=True, text=True
+    )
+    path = tmp / "record.jsonl"
+    return done, [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_two_nodes_one_accelerate_launch_each(slurm):
+    config = "configs/sft/llama3.1-8b-full.yaml"
+    done, rows = submit(slurm, "fsdp", config, "--output_dir", "runs/sft/x")
+    assert done.returncode == 0, done.stderr
+    srun, *launches = rows
+    assert "--kill-on-bad-exit=1" in srun["srun"] and "--ntasks-per-node=1" in srun["srun"]
+    assert (
+        "--nodes=2" in srun["srun"]
+        and f"--output={slurm[0] / 'logs'}/corag-sft-%j-node%t.log" in srun["srun"]
+    )
+    assert [r["procid"] for r in launches] == ["0", "1"]
+    for rank, row in enumerate(launches):
+        assert row["accelerate"] == [
+            "launch", "--config_file", "configs/accelerate/fsdp.yaml", "--num_machines", "2",
+            "--num_processes", "16", "--machine_rank", str(rank), "--main_process_ip", "gpu-017",
+            "--main_process_port", str(29500 + 4242 % 1000), "--rdzv_backend", "c10d",
+            "recipes/sft.py", "--config", config, "--output_dir", "runs/sft/x",
+        ]  # fmt: skip
+    assert (slurm[0] / "logs").is_dir()
+
+
+def test_the_sbatch_header_sets_what_a_cluster_needs():
+    header = [
+        line
+        for line in (REPO / "recipes/slurm_sft.sh").read_text().splitlines()
+        if line.startswith("#SBATCH")
+    ]
+    for option in ("--mem=", "--time=", "--requeue", "--nodes=", "--ntasks-per-node=1", "--output="):
+        assert any(option in line for line in header), option
+    for script in ("sampling/slurm_array.sh", "sampling/serve_retriever.sh", "evaluation/slurm_eval.sh"):
+        text = (REPO / script).read_text()
+        assert "#SBATCH --mem=" in text, script
+
+
+def test_bad_submissions_say_what_is_wrong(slurm):
+    done, rows = submit(slurm, "nosuch", "configs/sft/llama3.1-8b-full.yaml")
+    assert done.returncode == 2 and "configs/accelerate/nosuch.yaml" in done.stderr and rows == []
+    tmp, env = slurm
+    env = {k: v for k, v in env.items() if k not in ("SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")}
+    done = subprocess.run(
+        ["bash", str(REPO / "recipes/slurm_sft.sh"), "ddp", "configs/sft/toy.yaml"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "no GPUs" in done.stderr
+    env["CORAG_PROCS_PER_NODE"] = "1"  # 2 nodes x 1 process, as on CPUs
+    done = subprocess.run(
+        ["bash", str(REPO / "recipes/slurm_sft.sh"), "ddp", "configs/sft/toy.yaml"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    launches = [json.loads(x) for x in (tmp / "record.jsonl").read_text().splitlines() if "accelerate" in x]
+    assert launches[-1]["accelerate"][launches[-1]["accelerate"].index("--num_processes") + 1] == "2"
