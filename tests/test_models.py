@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from corag.chain import GenerationLimits
 from corag.data.corpus import Corpus, corpus_from_contexts
 from corag.decoding.greedy import greedy
 from corag.executor import Executor
@@ -117,8 +118,11 @@ def test_one_greedy_step_on_a_real_hotpotqa_question_is_metered_exactly(smol, sh
     example = built.examples[0]
     lm = Recorder(smol)
     executor = Executor(lm, retriever)
-    # five final-answer documents instead of 20 keep the prompts short on a CPU
-    (result,) = executor.run([greedy(executor.context(), example, corpus, max_steps=1, docs=5)])
+    # five final-answer documents instead of 20, and 24 new tokens a call, keep the calls short on a CPU
+    limits = GenerationLimits(24, 24, 24)
+    (result,) = executor.run(
+        [greedy(executor.context(), example, corpus, max_steps=1, docs=5, limits=limits)]
+    )
 
     assert len(result.steps) == 1 and len(result.context_doc_ids) == 5 and isinstance(result.prediction, str)
     assert [len(r.messages) for r, _ in lm.calls] == [1, 1, 1]  # sub-query, sub-answer, final answer
