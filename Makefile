@@ -20,7 +20,7 @@ quickstart: $(VENV)/.installed
 	$(VENV)/bin/corag quickstart
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2  # two workers: most tests use one core
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check corag tests recipes sampling evaluation benchmarks
