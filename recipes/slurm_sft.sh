@@ -48,15 +48,18 @@ else
   exit 2
 fi
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# The address other nodes reach it at (Slurm's NodeAddr; the node name where Slurm reports none).
+head_addr=$(scontrol show node "$head_node" 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+head_addr=${head_addr:-$head_node}
 port=${MAIN_PORT:-$(( 29500 + ${SLURM_JOB_ID:-0} % 1000 ))}
 log_dir=${CORAG_LOG_DIR:-logs}
 mkdir -p "$log_dir"
-echo "slurm_sft.sh: $nodes node(s) x $per_node process(es), rendezvous at $head_node:$port, logs in $log_dir/"
+echo "slurm_sft.sh: $nodes node(s) x $per_node process(es), rendezvous at $head_addr:$port, logs in $log_dir/"
 # One task per node; the first task that fails ends the others (a hung collective would hold every GPU).
 srun --kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --open-mode=append \
   --output="$log_dir/corag-sft-%j-node%t.log" \
   bash -c 'exec "$0" launch --config_file "$1" --num_machines "$2" --num_processes "$3" \
     --machine_rank "$SLURM_PROCID" --main_process_ip "$4" --main_process_port "$5" --rdzv_backend c10d \
     "${@:6}"' \
-  "${ACCELERATE:-accelerate}" "$accel" "$nodes" "$(( nodes * per_node ))" "$head_node" "$port" \
+  "${ACCELERATE:-accelerate}" "$accel" "$nodes" "$(( nodes * per_node ))" "$head_addr" "$port" \
   recipes/sft.py --config "$config" "$@"

@@ -32,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     examples = list(iter_examples(args.seed, args.worlds, config, set(args.exclude)))
     write_jsonl(args.out, examples)
-    out = args.out
     counts = {task: sum(e["task"] == task for e in examples) for task in ("subanswer", "subquery", "final")}
-    print(f"wrote {len(examples)} warm-start examples {counts} to {out}")
+    print(f"wrote {len(examples)} warm-start examples {counts} to {args.out}")
     return 0
