@@ -49,7 +49,7 @@ else
 fi
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 # The address other nodes reach it at (Slurm's NodeAddr; the node name where Slurm reports none).
-head_addr=$(scontrol show node "$head_node" 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
+head_addr=$( (scontrol show node "$head_node" 2>/dev/null || true) | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 head_addr=${head_addr:-$head_node}
 port=${MAIN_PORT:-$(( 29500 + ${SLURM_JOB_ID:-0} % 1000 ))}
 log_dir=${CORAG_LOG_DIR:-logs}

@@ -95,8 +95,14 @@ with open(os.environ["STUB_RECORD"], "a") as f:
 """
 
 STUB_SCONTROL = """#!/bin/sh
-[ "$1 $2 $3" = "show hostnames gpu-[017-018]" ] || {{ echo "unexpected: $*" >&2; exit 1; }}
-printf 'gpu-017\\ngpu-018\\n'
+# scontrol: the job's host names, and the first node's address (STUB_NODEADDR; unknown node otherwise)
+case "$1 $2 $3" in
+  "show hostnames gpu-[017-018]") printf 'gpu-017\\ngpu-018\\n' ;;
+  "show node gpu-017") [ -n "$STUB_NODEADDR" ] || exit 1
+    echo "NodeName=gpu-017 Arch=x86_64 CoresPerSocket=32"
+    echo "   NodeAddr=$STUB_NODEADDR NodeHostName=gpu-017 Version=23.11.4" ;;
+  *) echo "unexpected: $*" >&2; exit 1 ;;
+esac
 """
 
 
@@ -134,6 +140,7 @@ def submit(slurm, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
 
 def test_two_nodes_one_accelerate_launch_each(slurm):
     config = "configs/sft/llama3.1-8b-full.yaml"
+    slurm[1]["STUB_NODEADDR"] = "10.1.0.17"  # the address the other node reaches it at
     done, rows = submit(slurm, "fsdp", config, "--output_dir", "runs/sft/x")
     assert done.returncode == 0, done.stderr
     srun, *launches = rows
@@ -146,7 +153,7 @@ def test_two_nodes_one_accelerate_launch_each(slurm):
     for rank, row in enumerate(launches):
         assert row["accelerate"] == [
             "launch", "--config_file", "configs/accelerate/fsdp.yaml", "--num_machines", "2",
-            "--num_processes", "16", "--machine_rank", str(rank), "--main_process_ip", "gpu-017",
+            "--num_processes", "16", "--machine_rank", str(rank), "--main_process_ip", "10.1.0.17",
             "--main_process_port", str(29500 + 4242 % 1000), "--rdzv_backend", "c10d",
             "recipes/sft.py", "--config", config, "--output_dir", "runs/sft/x",
         ]  # fmt: skip
@@ -187,4 +194,6 @@ def test_bad_submissions_say_what_is_wrong(slurm):
     )
     assert done.returncode == 0, done.stderr
     launches = [json.loads(x) for x in (tmp / "record.jsonl").read_text().splitlines() if "accelerate" in x]
-    assert launches[-1]["accelerate"][launches[-1]["accelerate"].index("--num_processes") + 1] == "2"
+    launch = launches[-1]["accelerate"]
+    assert launch[launch.index("--num_processes") + 1] == "2"
+    assert launch[launch.index("--main_process_ip") + 1] == "gpu-017"  # no NodeAddr known: the node name
