@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "turn chains into the SFT examples dataset (Arrow), once",
     ),
     "evaluate": ("corag.commands.evaluate:main", "evaluate predictions or a checkpoint (also evaluation/)"),
+    "results": ("corag.commands.results:main", "one table over evaluations of several datasets"),
     "kilt-score": ("corag.commands.kilt_score:main", "validate and score a KILT submission file"),
     "kilt-pages": (
         "corag.commands.kilt_pages:main",

@@ -379,6 +379,24 @@ def folder_results(out_dir: Path) -> dict[str, dict[str, Any]]:
     return {name: summary for _, name, summary in found}
 
 
+MERGED_COLUMNS = ["dataset", "run", "count", "em", "f1", "tokens_per_question", "calls_per_question"]
+
+
+def merged_results(root: Path) -> Path:
+    """One table over the evaluation folders under `root` (`<root>/<dataset>/<run>/metrics.json`, as
+    evaluation/slurm_eval.sh writes them): a row per dataset and run, written to `<root>/results.md` and
+    `results.csv`; an InputError when there is none."""
+    rows = [
+        {"dataset": folder.name, "run": name, **summary}
+        for folder in sorted(p for p in root.iterdir() if p.is_dir())
+        for name, summary in folder_results(folder).items()
+    ]
+    if not rows:
+        raise InputError("no <dataset>/<run>/metrics.json under this folder", file=str(root))
+    md, _ = write_table(rows, MERGED_COLUMNS, root / "results")
+    return md
+
+
 # Official files ---------------------------------------------------------------------------------------
 
 

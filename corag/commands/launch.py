@@ -2,7 +2,8 @@
 
     sampling/launch_node.sh CONFIG [--node-index I] [--num-nodes N] [--num-shards S]
                             [--tensor-parallel-size T] [--log-dir logs]
-                            [--retriever-url-file FILE [--wait-minutes M]] [-- flags for corag sample]
+                            [--serve-index INDEX | --retriever-url-file FILE] [--wait-minutes M]
+                            [-- flags for corag sample]
 
 The run's shards are fixed by the config (`num_shards`), never by the hardware: node I of N runs
 engines on its devices, `tensor_parallel_size` devices each, and engine e of the W = N x engines
@@ -14,7 +15,12 @@ The devices are the allocation's: CUDA_VISIBLE_DEVICES as Slurm (or the user) se
 SLURM_STEP_GPUS / SLURM_JOB_GPUS (renumbered from 0 where the job sees only its own GPUs), else every
 GPU `nvidia-smi` lists; none at all runs one engine on the CPU. Each engine gets its devices as CUDA_VISIBLE_DEVICES, a subset of what the allocation gave.
 
-With `--retriever-url-file`, the launcher first waits (at most `--wait-minutes`) for the file a
+With `--serve-index INDEX` (the shipped configs' layout), the launcher first starts this node's
+retrieval service over INDEX (corag.commands.node_service: the index's shards over the node's GPUs, on
+loopback), waits until it answers, gives every shard `--retriever URL`, and stops it when the shards end;
+its log is `<log-dir>/retriever-node<I>.log`. The engines start after it, into the memory it leaves.
+
+With `--retriever-url-file` (a service on a node of its own), the launcher first waits (at most `--wait-minutes`) for the file a
 retrieval service job writes (sampling/serve_retriever.sh) and for that service to answer, then gives
 every shard `--retriever URL`: the URL is read when the job runs, not when it is submitted.
 """
@@ -30,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corag.commands.node_service import node_service
 from corag.config import load_yaml, parse_config
 from corag.errors import InputError
 from corag.retrieval.client import wait_for_service
@@ -112,12 +119,16 @@ class LaunchArgs:
     tensor_parallel_size: int | None = field(
         default=None, metadata={"help": "GPUs per engine (default: the config's)"}
     )
+    serve_index: str | None = field(
+        default=None,
+        metadata={"help": "start this node's retrieval service over this index; every shard gets its URL"},
+    )
     retriever_url_file: str | None = field(
         default=None,
         metadata={"help": "wait for the URL file a retrieval service job writes, then pass --retriever URL"},
     )
     wait_minutes: float = field(
-        default=30.0, metadata={"help": "how long to wait for the URL file and the service to answer"}
+        default=30.0, metadata={"help": "how long to wait for the service (its URL file, its index load)"}
     )
     log_dir: str = field(default="logs", metadata={"help": "one log file per shard (created when missing)"})
     command: str = field(
@@ -132,6 +143,8 @@ class LaunchArgs:
 def _parse(argv: Sequence[str]) -> tuple[LaunchArgs, list[str]]:
     own, passed = _split(argv)
     args = parse_config(LaunchArgs, own, __doc__.splitlines()[0])
+    if args.serve_index and args.retriever_url_file:
+        raise InputError("give --serve-index or --retriever-url-file, not both", field="--serve-index")
     if not 0 <= args.node_index < args.num_nodes:
         raise InputError(
             f"need 0 <= node index < --num-nodes, got {args.node_index} and {args.num_nodes}",
@@ -179,15 +192,28 @@ def main(argv: list[str] | None = None) -> int:
     args, passed = _parse(sys.argv[1:] if argv is None else argv)
     num_shards, tp = check_config(args)
     groups = engine_devices(visible_devices(os.environ), tp)
-    if args.retriever_url_file is not None:
-        url = wait_for_service(args.retriever_url_file, args.wait_minutes * 60)
-        print(f"launch: retrieval service at {url} (from {args.retriever_url_file})", file=sys.stderr)
-        passed = [*passed, "--retriever", url]
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if args.serve_index is None:
+        if args.retriever_url_file is not None:
+            url = wait_for_service(args.retriever_url_file, args.wait_minutes * 60)
+            print(f"launch: retrieval service at {url} (from {args.retriever_url_file})", file=sys.stderr)
+            passed = [*passed, "--retriever", url]
+        return _run_engines(args, passed, groups, num_shards, tp, log_dir)
+    log = log_dir / f"retriever-node{args.node_index}.log"
+    print(f"launch: starting this node's retrieval service ({args.serve_index}, log {log})", file=sys.stderr)
+    with node_service(args.serve_index, log, args.wait_minutes * 60) as url:
+        print(f"launch: retrieval service at {url}", file=sys.stderr)
+        return _run_engines(args, [*passed, "--retriever", url], groups, num_shards, tp, log_dir)
+
+
+def _run_engines(
+    args: LaunchArgs, passed: list[str], groups: list, num_shards: int, tp: int, log_dir: Path
+) -> int:
+    """One thread per engine of this node, each sampling its shards in turn; 1 if any shard failed."""
     workers = args.num_nodes * len(groups)
     if workers > num_shards:
         print(f"launch: {workers} engines for {num_shards} shards; some engines stay idle", file=sys.stderr)
-    log_dir = Path(args.log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
     base = [*shlex.split(args.command), "--config", args.config, "--num_shards", str(num_shards)]
     if args.tensor_parallel_size is not None:
         base += ["--tensor_parallel_size", str(tp)]

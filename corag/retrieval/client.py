@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -185,10 +185,22 @@ def _field(r: httpx.Response) -> str | None:
         return None
 
 
-def wait_for_service(url_file: str | Path, timeout_s: float, poll_s: float = 2.0) -> str:
+def answers_health(url: str, timeout: float = 10.0) -> bool:
+    """Whether a retrieval service at `url` answers GET /health now."""
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=timeout).raise_for_status()
+    except httpx.HTTPError:
+        return False
+    return True
+
+
+def wait_for_service(
+    url_file: str | Path, timeout_s: float, poll_s: float = 2.0, alive: Callable[[], bool] | None = None
+) -> str:
     """The URL a retrieval service job writes to `url_file` (sampling/serve_retriever.sh), once the file
     exists and the service answers GET /health; waited for at most `timeout_s`, with a line on stderr a
-    minute. Launchers call this at run time, so a job may start before the service (or be requeued)."""
+    minute. Launchers call this at run time, so a job may start before the service (or be requeued).
+    With `alive` (the service is this job's own process), a service that has exited ends the wait."""
     path = Path(url_file)
     start = time.monotonic()
     next_note = start
@@ -197,13 +209,11 @@ def wait_for_service(url_file: str | Path, timeout_s: float, poll_s: float = 2.0
         if path.is_file():
             url = path.read_text().strip()  # read again each time: a restarted service may write a new one
             problem = f"{url or '(empty)'} (from {path}) not answering /health"
-            if url.startswith(("http://", "https://")):
-                try:
-                    httpx.get(f"{url.rstrip('/')}/health", timeout=10).raise_for_status()
-                    return url
-                except httpx.HTTPError:
-                    pass
+            if url.startswith(("http://", "https://")) and answers_health(url):
+                return url
         waited = time.monotonic() - start
+        if alive is not None and not alive():
+            raise InputError("the retrieval service exited before answering (see its log)", file=str(path))
         if waited >= timeout_s:
             where = (
                 "was never written"

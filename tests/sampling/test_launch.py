@@ -19,11 +19,22 @@ from corag.retrieval.client import RetrieverClient
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Stands for `corag sample`: records its arguments and devices, one JSON line per run.
+# Stands for `corag sample` and `corag evaluate`: records its arguments, devices and whether the service
+# it was given answers, one JSON line per run; as `evaluate` (given --out-dir), writes a run's metrics.
 RECORDER = """
 import json, os, sys
+from pathlib import Path
+import httpx
+argv = sys.argv[1:]
+row = {"argv": argv, "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+if "--retriever" in argv and argv[argv.index("--retriever") + 1].startswith("http"):
+    row["health"] = httpx.get(argv[argv.index("--retriever") + 1] + "/health").status_code
 with open(os.environ["LAUNCH_RECORD"], "a") as f:
-    f.write(json.dumps({"argv": sys.argv[1:], "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\\n")
+    f.write(json.dumps(row) + "\\n")
+if "--out-dir" in argv:
+    run = Path(argv[argv.index("--out-dir") + 1]) / "greedy_L6"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text(json.dumps({"run": "greedy:L=6", "count": 2, "em": 50.0, "f1": 60.0}))
 sys.exit(3 if "--fail" in sys.argv else 0)
 """
 
@@ -298,6 +309,38 @@ def test_array_started_before_the_service_waits_for_it(cluster, toy_world):
     assert all(r["argv"][r["argv"].index("--retriever") + 1] == url for r in rows)
 
 
+def test_each_node_starts_its_own_service_and_stops_it_when_the_shards_end(cluster, toy_world):
+    """--serve-index: the layout of the shipped configs. The task starts its node's service over the
+    index, every shard gets its URL while it answers, and it is gone when the task ends."""
+    tmp = cluster[0]
+    build_bm25_folder([toy_world.passages], tmp / "bm25")
+    done = launch(
+        cluster, "--serve-index", str(tmp / "bm25"), env=slurm_array_env(cluster), script="slurm_array.sh"
+    )
+    assert done.returncode == 0, done.stderr
+    rows = records(cluster)
+    assert [r["shard"] for r in rows] == [1, 3, 5] and all(r["health"] == 200 for r in rows)
+    (url,) = {r["argv"][r["argv"].index("--retriever") + 1] for r in rows}
+    assert url.startswith("http://127.0.0.1:") and f"retrieval service at {url}" in done.stderr
+    assert "serving" in (tmp / "logs" / "retriever-node1.log").read_text()  # node 1's own log
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/health", timeout=5)  # stopped with the task
+
+
+def test_a_service_that_cannot_start_fails_the_task_at_once(cluster):
+    tmp = cluster[0]
+    started = time.monotonic()
+    done = launch(
+        cluster, "--serve-index", str(tmp / "no-index"), env=slurm_array_env(cluster), script="slurm_array.sh"
+    )
+    assert done.returncode == 2 and not records(cluster)
+    (line,) = done.stderr.strip().splitlines()[-1:]
+    assert "no-index" in line and "exited with status" in line and "retriever-node1.log" in line
+    assert time.monotonic() - started < 120  # not the 30 minutes of --wait-minutes
+    both = launch(cluster, "--serve-index", "x", "--retriever-url-file", "y")
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
 def test_the_wait_is_bounded_and_names_the_file(cluster):
     tmp, _, _ = cluster
     url_file = tmp / "run" / "retriever.url"
@@ -343,6 +386,31 @@ def test_evaluation_runs_one_file_per_gpu_through_the_waited_for_service(cluster
         argv = row["argv"]
         assert argv[argv.index("--retriever") + 1] == service.url and "greedy:L=6" in argv
         assert argv[argv.index("--out-dir") + 1] == f"runs/eval/{Path(name).stem}"
+
+
+def test_evaluation_serves_its_own_index_and_merges_one_table(cluster, toy_world):
+    tmp = cluster[0]
+    build_bm25_folder([toy_world.passages], tmp / "bm25")
+    data = ["--data", "d/hotpotqa.jsonl", "--data", "d/musique.jsonl"]
+    done = evaluate(cluster, "--serve-index", str(tmp / "bm25"), *data, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp / "record.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["health"] == 200 for r in rows)
+    (url,) = {r["argv"][r["argv"].index("--retriever") + 1] for r in rows}
+    assert url.startswith("http://127.0.0.1:")
+    table = (tmp / "runs" / "eval" / "results.md").read_text().splitlines()
+    assert table[0].startswith("| dataset | run | count | em | f1 |")
+    assert sorted(line.split(" | ")[0] for line in table[2:]) == ["| hotpotqa", "| musique"]
+    assert all("| greedy:L=6 | 2 | 50.0 | 60.0 |" in line for line in table[2:])
+    assert not list((tmp / "logs").glob("*.url"))  # the service stopped and took its URL file along
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/health", timeout=5)
+
+
+def test_evaluation_whose_service_cannot_start_fails_at_once(cluster):
+    done = evaluate(cluster, "--serve-index", str(cluster[0] / "no-index"), "--data", "d.jsonl")
+    assert done.returncode == 2 and not (cluster[0] / "record.jsonl").exists()
+    assert "exited before answering" in done.stderr
 
 
 def test_evaluation_wait_is_bounded(cluster):

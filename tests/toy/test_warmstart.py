@@ -312,6 +312,7 @@ def test_train_warm_start_lowers_the_loss_and_is_reproducible(tiny_model_dir, ti
     assert all(0.0 <= v <= 1.0 for v in accuracy.values())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="compiling needs a C++ compiler")
 def test_compiled_warm_start_trains_like_the_eager_one(tiny_model_dir, tiny_tokenizer, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM

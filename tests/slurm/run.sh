@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The cluster path end to end under simulated Slurm on one CPU machine (.ci/run runs it after the tests):
+# the README's cluster commands, on the toy world with the shipped warm model, through sbatch/srun
+# stand-ins (tests/slurm/fakeslurm.py) that run each job as local processes with Slurm's environment
+# (array ids, a 2-node list, fake GPU ids), every "node" being this machine.
+#
+#   bash tests/slurm/run.sh [WORK_DIR]      # default: a new temporary folder
+#
+# Steps: toy data and index -> sampling array over 2 nodes, each node starting its own retrieval service
+# and waiting for it (--serve-index) -> merge -> build examples -> SFT on 2 nodes x 1 process (gloo)
+# -> evaluation of two question sets through the node's service -> one table. Exits non-zero at the first
+# step that fails or leaves the wrong files.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+work=${1:-$(mktemp -d -t corag-slurm-XXXXXX)}
+mkdir -p "$work"
+cd "$work"
+for folder in configs recipes sampling evaluation; do ln -sfn "$repo/$folder" "$folder"; done
+export PATH="$repo/tests/slurm/bin:$repo/.venv/bin:$PATH"
+export FAKE_SLURM_DIR="$work/slurm" CORAG_PROCS_PER_NODE=1 OMP_NUM_THREADS=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled
+start=$SECONDS
+step() { echo "== $* ($(( SECONDS - start )) s)"; }
+show_logs() { tail -n 30 logs/* corag-*.out 2>/dev/null || true; }
+trap 'echo "tests/slurm/run.sh: failed; logs:"; show_logs' ERR
+
+step "toy data, index and the shipped warm model"
+corag toyworld --out data/toy --seed 2 --num_entities 60 --num_distractors 15 --train_per_hop 6 \
+  --test_per_hop 3 > /dev/null
+corag index data/toy/corpus.jsonl --out data/index/toy --model minilm > /dev/null
+mkdir -p models
+ln -sfn "$(python -c 'from corag.toy.quickstart import WARM; print(WARM)')" models/warm
+
+step "1. rejection sampling: 2 array tasks, each with its node's retrieval service"
+sbatch --wait --array=0-1 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
+  sampling/slurm_array.sh configs/sampling/toy.yaml --serve-index data/index/toy --num-shards 4 \
+  -- --model models/warm --questions data/toy/train.jsonl --corpus data/toy/corpus.jsonl \
+  --out_dir runs/chains/toy
+grep -q "retrieval service at http://127.0.0.1:" corag-sample-*_0.out corag-sample-*_1.out
+
+step "2. merge and build examples"
+corag merge --questions data/toy/train.jsonl --out data/chains/toy.jsonl runs/chains/toy/chains-*-of-00004.jsonl
+corag build-examples --chains data/chains/toy.jsonl --corpus data/toy/corpus.jsonl --tokenizer models/warm \
+  --dataset data/sft/toy
+
+step "3. SFT on 2 nodes x 1 process"
+sbatch --wait --nodes=2 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
+  recipes/slurm_sft.sh ddp configs/sft/toy.yaml --model_name_or_path models/warm --dataset data/sft/toy \
+  --output_dir runs/sft/toy --max_steps 2 --save_strategy no
+grep -q "processes: 2" logs/corag-sft-*-node0.log
+test -f runs/sft/toy/model.safetensors
+
+step "4. evaluation of two question sets through the node's retrieval service"
+sbatch --wait --gpus-per-node=2 --cpus-per-task=1 --mem=4G \
+  evaluation/slurm_eval.sh configs/eval/toy.yaml --serve-index data/index/toy \
+  --data data/toy/test.jsonl --data data/toy/single_hop.jsonl --out-root runs/eval -- --model runs/sft/toy --limit 4
+cat runs/eval/results.md
+grep -q "| test | greedy:L=2 |" runs/eval/results.md
+grep -q "| single_hop | greedy:L=2 |" runs/eval/results.md
+step "done: the cluster path ran end to end in $work"
