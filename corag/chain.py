@@ -38,11 +38,14 @@ from corag.types import Example, Passage, Step, Usage
 @dataclass
 class GenerationLimits:
     """New-token caps and stop strings of the three CoRAG calls (defaults: the release's 64/128/128,
-    no stop strings), and whether a sub-query is cut to its first line before it is searched.
+    no stop strings), and whether sub-queries and sub-answers are taken exactly as the release takes them.
 
-    The release cleans a sub-query (strip, quotes, `Intermediate query N:` label) and searches all of
-    it; its checkpoints write one line, so cutting at the first line changes nothing for them, while a
-    chat model that rambles on no longer sends paragraphs to the retriever. Hence on by default.
+    The official agent cleans a sub-query (strip, quotes, `Intermediate query N: ` label) and searches
+    all of it, and keeps a sub-answer as generated (microsoft/LMOps corag/src/agent/corag_agent.py,
+    `_normalize_subquery` and `_get_subanswer_and_doc_ids`). By default the project searches only a
+    sub-query's first line and strips sub-answers: the released checkpoints write one line, so this
+    changes nothing for them, while a chat model that rambles on no longer sends paragraphs to the
+    retriever. `as_released` turns both off, so the calls equal the official agent's.
     """
 
     _argument_group_name = "generation limits (corag.chain)"
@@ -59,9 +62,11 @@ class GenerationLimits:
     subquery_stop: list[str] = field(default_factory=list, metadata={"help": "stop strings of sub-queries"})
     subanswer_stop: list[str] = field(default_factory=list, metadata={"help": "stop strings of sub-answers"})
     final_stop: list[str] = field(default_factory=list, metadata={"help": "stop strings of final answers"})
-    subquery_first_line: bool = field(
-        default=True, metadata={"help": "search only a sub-query's first non-empty line"}
-    )
+    as_released: bool = field(
+        default=False,
+        metadata={"help": "take sub-queries and sub-answers as the official agent does: search the whole "
+        "cleaned sub-query (not its first line only), keep sub-answers unstripped"},
+    )  # fmt: skip
 
     def check(self) -> None:
         for name in ("subquery_max_new_tokens", "subanswer_max_new_tokens", "final_max_new_tokens"):
@@ -149,7 +154,7 @@ async def subquery_candidates(
     limits: GenerationLimits = DEFAULT_LIMITS,
 ) -> list[str]:
     """Call A sampled `n` times in one request (tree-search expansion), each cleaned (and cut to its
-    first line unless the limits say otherwise), so a rambling output never reaches the retriever."""
+    first line unless `limits.as_released`), so a rambling output never reaches the retriever."""
     messages = subquery_messages(query, steps, task_desc, tok=ctx.lm)
     request = _generation(
         ctx.lm,
@@ -161,7 +166,7 @@ async def subquery_candidates(
         stop=tuple(limits.subquery_stop),
     )
     completion = await ctx.generate(request)
-    return [parse_subquery(text, limits.subquery_first_line) for text in completion.texts]
+    return [parse_subquery(text, first_line=not limits.as_released) for text in completion.texts]
 
 
 async def subanswer(
@@ -179,7 +184,8 @@ async def subanswer(
         ctx.lm, messages, limits.subanswer_max_new_tokens, temperature=0.0, stop=tuple(limits.subanswer_stop)
     )
     completion = await ctx.generate(request)
-    return Step(subquery, completion.texts[0].strip(), doc_ids)
+    text = completion.texts[0]
+    return Step(subquery, text if limits.as_released else text.strip(), doc_ids)
 
 
 def final_request(

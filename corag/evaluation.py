@@ -381,11 +381,37 @@ def folder_results(out_dir: Path) -> dict[str, dict[str, Any]]:
 
 MERGED_COLUMNS = ["dataset", "run", "count", "em", "f1", "tokens_per_question", "calls_per_question"]
 
+# The CoRAG paper's Table 1 for CoRAG-8B, the released checkpoint (EM, F1), by data set and run.
+PAPER_TABLE1: dict[str, dict[str, tuple[float, float]]] = {
+    "2wikimultihopqa": {
+        "greedy:L=6": (70.6, 75.5), "best_of_n:L=6:N=4": (71.7, 76.5),
+        "tree_search:L=6": (71.7, 76.4), "best_of_n:L=10:N=8": (72.5, 77.3),
+    },
+    "hotpotqa": {
+        "greedy:L=6": (54.4, 67.5), "best_of_n:L=6:N=4": (55.3, 68.5),
+        "tree_search:L=6": (55.8, 69.0), "best_of_n:L=10:N=8": (56.3, 69.8),
+    },
+    "bamboogle": {
+        "greedy:L=6": (48.0, 63.5), "best_of_n:L=6:N=4": (51.2, 63.1),
+        "tree_search:L=6": (48.8, 64.4), "best_of_n:L=10:N=8": (54.4, 68.3),
+    },
+    "musique": {
+        "greedy:L=6": (27.7, 38.5), "best_of_n:L=6:N=4": (28.1, 39.7),
+        "tree_search:L=6": (29.0, 40.3), "best_of_n:L=10:N=8": (30.9, 42.4),
+    },
+}  # fmt: skip
+
+
+def paper_figures(dataset: str, run: str) -> tuple[float, float] | None:
+    """The paper's (EM, F1) for a questions file's folder (`musique_validation`) and run, if it has one."""
+    return PAPER_TABLE1.get(dataset.split("_")[0], {}).get(run)
+
 
 def merged_results(root: Path) -> Path:
     """One table over the evaluation folders under `root` (`<root>/<dataset>/<run>/metrics.json`, as
     evaluation/slurm_eval.sh writes them): a row per dataset and run, written to `<root>/results.md` and
-    `results.csv`; an InputError when there is none."""
+    `results.csv`, with the paper's EM and F1 beside the measured ones where Table 1 has the row; an
+    InputError when there is none."""
     rows = [
         {"dataset": folder.name, "run": name, **summary}
         for folder in sorted(p for p in root.iterdir() if p.is_dir())
@@ -393,7 +419,14 @@ def merged_results(root: Path) -> Path:
     ]
     if not rows:
         raise InputError("no <dataset>/<run>/metrics.json under this folder", file=str(root))
-    md, _ = write_table(rows, MERGED_COLUMNS, root / "results")
+    columns = list(MERGED_COLUMNS)
+    for row in rows:
+        if (paper := paper_figures(row["dataset"], row["run"])) is not None:
+            row["paper_em"], row["paper_f1"] = paper
+    if any("paper_em" in row for row in rows):  # the paper's figure beside the measured one
+        columns[4:4] = ["paper_em"]
+        columns[6:6] = ["paper_f1"]
+    md, _ = write_table(rows, columns, root / "results")
     return md
 
 

@@ -175,14 +175,19 @@ Respond with "Yes" if the main query can be answered now, otherwise "No". Do not
 
 
 _LEADING_LABEL = re.compile(r"^Intermediate query \d+:\s*")
+_RELEASE_LABEL = re.compile(r"^Intermediate query \d+: ")
 
 
 def parse_subquery(text: str, first_line: bool = False) -> str:
-    """Clean a generated sub-query: strip, drop surrounding quotes and a leading label (as the release
-    does); with `first_line`, first keep only its first non-empty line (corag.chain.GenerationLimits)."""
+    """Clean a generated sub-query as the release does: strip, drop surrounding quotes, drop a leading
+    `Intermediate query N: ` label. With `first_line` (corag.chain.GenerationLimits' default), keep only
+    its first non-empty line first, and strip what the quotes and the label leave."""
     text = text.strip()
-    if first_line:
-        text = text.split("\n", 1)[0].strip()
+    if not first_line:
+        if text.startswith('"') and text.endswith('"'):
+            text = text[1:-1]
+        return _RELEASE_LABEL.sub("", text)
+    text = text.split("\n", 1)[0].strip()
     if len(text) >= 2 and text.startswith('"') and text.endswith('"'):
         text = text[1:-1].strip()
     return _LEADING_LABEL.sub("", text).strip()

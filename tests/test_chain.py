@@ -313,15 +313,25 @@ def test_a_rambling_subquery_is_cut_to_its_first_line_before_search(smollm2_dir)
     assert result.usage.completion_tokens <= lm.count_tokens(RAMBLING) + 1 + 6 + 5
 
 
-def test_the_first_line_cut_can_be_turned_off_and_stop_strings_are_sent():
+def test_as_released_takes_calls_as_the_official_agent_and_stop_strings_are_sent():
     from corag.chain import GenerationLimits
 
     lm = EchoLM(RAMBLING)
-    limits = GenerationLimits(subquery_first_line=False, subquery_stop=["Intermediate answer"])
+    limits = GenerationLimits(as_released=True, subquery_stop=["Intermediate answer"])
     text, _ = one(
         lm, lambda ctx: chain.next_subquery(ctx, QUERY, STEPS, "answer multi-hop questions", limits=limits)
     )
-    assert text == chain.parse_subquery(RAMBLING) and "\n" in text  # the release's cleaning only
+    # the release's cleaning only: the quote opens the text but does not close it, so neither the quote
+    # nor the label behind it is removed, and all three lines are searched; without the quote, the label
+    # goes and the rest stays
+    assert text == RAMBLING and chain.parse_subquery(f"  {RAMBLING[1:]}\n") == RAMBLING[23:]
     assert lm.requests[0].stop == ("Intermediate answer",)
     cut, _ = one(lm, lambda ctx: chain.next_subquery(ctx, QUERY, STEPS, "answer multi-hop questions"))
     assert cut == "What nationality was Scott Derrickson?"
+    # sub-answers: kept as generated when as released, stripped by default
+    corpus = Corpus([Passage("0", "T", "x")])
+    retriever = RecordingRetriever([Passage("0", "T", "x")])
+    spaced = EchoLM(" American \n")
+    kept, _ = one(spaced, lambda ctx: chain.subanswer(ctx, "q", corpus, k=1, limits=limits), retriever)
+    stripped, _ = one(spaced, lambda ctx: chain.subanswer(ctx, "q", corpus, k=1), retriever)
+    assert (kept.subanswer, stripped.subanswer) == (" American \n", "American")

@@ -13,6 +13,7 @@ from corag.data.jsonl import write_jsonl
 from corag.errors import InputError
 from corag.evaluation import (
     Run,
+    merged_results,
     parse_runs,
     read_predictions,
     run_method,
@@ -131,6 +132,27 @@ def test_tables_and_plot(tmp_path):
     )
     assert table[3].startswith("| best_of_n:L=1:N=4 | 15.0 | 18.0 |")
     assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_one_table_over_datasets_with_the_papers_figures_where_it_has_them(tmp_path):
+    with pytest.raises(InputError, match="no <dataset>/<run>/metrics.json"):
+        merged_results(tmp_path)
+    for dataset, run, em in [("musique_validation", "best_of_n:L=6:N=4", 26.0), ("test", "greedy:L=2", 40.0),
+                             ("musique_validation", "greedy:L=6", 25.5)]:  # fmt: skip
+        folder = tmp_path / dataset / run.replace(":", "_").replace("=", "")
+        folder.mkdir(parents=True)
+        summary = {"run": run, "count": 10, "em": em, "f1": em + 10, "finished_at": f"2026-12-05T{em}"}
+        (folder / "metrics.json").write_text(json.dumps(summary))
+    table = merged_results(tmp_path).read_text().splitlines()
+    assert table[0] == (
+        "| dataset | run | count | em | paper_em | f1 | paper_f1 | tokens_per_question | calls_per_question |"
+    )
+    assert table[2:] == [  # data sets in name order, each one's runs in the order they finished
+        "| musique_validation | greedy:L=6 | 10 | 25.5 | 27.7 | 35.5 | 38.5 |  |  |",
+        "| musique_validation | best_of_n:L=6:N=4 | 10 | 26.0 | 28.1 | 36.0 | 39.7 |  |  |",
+        "| test | greedy:L=2 | 10 | 40.0 |  | 50.0 |  |  |  |",
+    ]
+    assert (tmp_path / "results.csv").read_text().startswith("dataset,run,count,em,paper_em,f1,paper_f1,")
 
 
 def test_kilt_submission_from_predictions_validates(shared_data, tmp_path):

@@ -247,7 +247,11 @@ def test_shipped_evaluation_configs_parse(path: Path) -> None:
 
     _, decoding, args, engine, _ = parse_config(CONFIGS, ["--config", str(path)])
     engine.check()
-    assert engine.backend == "vllm-async" and decoding.executor == "async" and decoding.model and args.methods
+    assert decoding.model and args.methods
+    if path.read_text().startswith("# hardware: CPU"):  # the toy world's, for the simulated cluster run
+        assert engine.backend == "hf"
+    else:
+        assert engine.backend == "vllm-async" and decoding.executor == "async"
     if "qwen3" in path.name:
         assert engine.chat_template_kwargs == {"enable_thinking": False}
 
