@@ -10,8 +10,9 @@ sharded across the 8 GPUs; LoRA (`qwen3-4b-lora.yaml`) and the toy model with `d
 
 The examples (sub-query, sub-answer and final-answer, and learned-stop on request) come from a dataset
 `corag build-examples` wrote; given `chains` instead, the recipe runs that same step first (one process
-builds under a lock while the others wait, no collective pending) into `<output_dir>-examples`. Tokens
-are computed once and cached beside the examples; every process memory-maps both. Loss falls only on each
+builds while the others wait for the finished folder, no collective pending, no file lock across
+nodes) into `<output_dir>-examples`. Tokens are computed once, by the first process, and cached beside the
+examples; every process memory-maps both. Loss falls only on each
 target and its end-of-turn token. Full fine-tuning, or LoRA with `use_peft: true`; resumes from the last
 checkpoint in output_dir, so a requeued job goes on where it stopped; with LoRA, `merge_lora: true`
 also writes a merged model to `<output_dir>/merged` that transformers and vLLM load.
@@ -210,20 +211,26 @@ def attention_implementation(requested: str | None) -> str | None:
     return requested
 
 
+def first_process() -> bool:
+    """Whether this is the run's first process (RANK 0, or no launcher): the one that builds shared files."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def prepare_examples(
     data_args: ExamplesConfig, model_path: str, output_dir: str, examples: str | None = None
 ) -> Path:
     """The examples dataset folder: as given, or built first from `chains` (or the `examples` JSONL).
 
-    Every process calls this; `corag build-examples`' lock lets one build while the others wait, with no
-    collective pending (so no ddp_timeout), and a finished dataset is found at once. Documents are cut
-    with the tokenizer of the model being trained, which also scores chain prefixes for stop examples.
+    Every process calls this; the first of the run (RANK 0) builds while the others wait for the
+    finished dataset, with no collective pending (so no ddp_timeout) and no file lock across nodes;
+    a finished dataset is found at once. Documents are cut with the tokenizer of the model being
+    trained, which also scores chain prefixes for stop examples.
     """
     out = Path(output_dir)
     target = Path(data_args.dataset) if data_args.dataset else out.with_name(out.name + "-examples")
     if data_args.chains is not None:
         config = replace(data_args, dataset=str(target), tokenizer=model_path, scorer_model=model_path)
-        return examples_dataset.build(config)
+        return examples_dataset.build(config, builder=first_process())
     if examples is not None:
         return examples_dataset.from_jsonl(examples, target)
     if examples_dataset.read_manifest(target) is None:
@@ -311,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         data_args, model_args.model_name_or_path, sft_args.output_dir, recipe_args.examples
     )
     dataset = examples_dataset.tokenized(
-        dataset_dir, tokenizer, data_args.chat_template_kwargs, sft_args.max_length, sft_args.dataset_num_proc
-    )
+        dataset_dir, tokenizer, data_args.chat_template_kwargs, sft_args.max_length, sft_args.dataset_num_proc,
+        builder=first_process(),
+    )  # fmt: skip
     if sft_args.padding_free and not sft_args.packing:
         sft_args.max_length = None  # longer examples were dropped above; trl refuses a cap it does not apply
     logger.info(

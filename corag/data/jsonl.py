@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -160,6 +161,26 @@ def locked(path: str | Path, doing: str = "writing") -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+WAIT_POLL_S = 5.0  # how often wait_for_file looks
+
+
+def wait_for_file(path: str | Path, doing: str = "building") -> None:
+    """Wait (no timeout) until `path` exists: another process is DOING what it marks as finished, and
+    it appears whole (by a rename). Processes that never build wait this way instead of on `locked`, so
+    nodes sharing a file system whose locks do not reach across nodes (Lustre without `flock`, NFS
+    without a lock daemon) never build the same folder at once."""
+    path = Path(path)
+    waited = 0.0
+    while not path.exists():
+        if waited % 600 == 0:
+            print(
+                f"waiting for the first process {doing} {path.parent} ({waited:.0f} s so far)",
+                file=sys.stderr,
+            )
+        time.sleep(WAIT_POLL_S)
+        waited += WAIT_POLL_S
 
 
 def dumps(record: Mapping[str, Any]) -> str:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corag.data.jsonl import atomic_folder, atomic_write, file_sha256, locked
+from corag.data.jsonl import atomic_folder, atomic_write, file_sha256, locked, wait_for_file
 from corag.errors import InputError
 from corag.training.examples import (
     DEFAULT_RATIO,
@@ -313,8 +313,9 @@ def _finish(work: Path, out: Path, shards: int, wanted: dict[str, Any]) -> dict[
     return manifest
 
 
-def build(config: ExamplesConfig) -> Path:
-    """Build (or resume, or find already built) the examples dataset at `config.dataset`."""
+def build(config: ExamplesConfig, builder: bool = True) -> Path:
+    """Build (or resume, or find already built) the examples dataset at `config.dataset`. A process with
+    `builder` false never builds: it waits for the finished dataset (the manifest) and checks it."""
     for name in ("chains", "corpus", "dataset"):
         if not getattr(config, name):
             raise InputError("required to build examples", field=name)
@@ -322,6 +323,8 @@ def build(config: ExamplesConfig) -> Path:
         if getattr(config, name) < 1:
             raise InputError("must be at least 1", field=name)
     out, wanted = Path(config.dataset), settings(config)
+    if not builder:
+        wait_for_file(out / MANIFEST, "building")
     with locked(out, "building"):
         found = read_manifest(out)
         if found is not None:
@@ -403,16 +406,20 @@ def tokenized(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     max_length: int | None = None,
     num_proc: int | None = None,
+    builder: bool = True,
 ) -> Any:
     """The dataset with input_ids, labels and length, tokenized once and cached beside the examples.
 
     The first process tokenizes (in `num_proc` processes) into `DATASET/tokenized/<fingerprint>` and the
-    others wait on the lock, then every process memory-maps the same files. Examples longer than
-    `max_length` are dropped (trl would cut them through their target), with a warning.
+    others wait on the lock (or, with `builder` false, for the finished folder), then every process
+    memory-maps the same files. Examples longer than `max_length` are dropped (trl would cut them
+    through their target), with a warning.
     """
     from datasets import load_from_disk
 
     cache = Path(dataset_dir) / "tokenized" / fingerprint(tokenizer, chat_template_kwargs, max_length)
+    if not builder:
+        wait_for_file(cache / "dataset_info.json", "tokenizing")
     if (cache / "dataset_info.json").is_file():  # finished folders appear in one rename
         return load_from_disk(str(cache))
     with locked(cache, "building"):

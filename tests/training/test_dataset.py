@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -150,6 +152,30 @@ def test_tokenized_once_and_cut_to_max_length(sampled, toy_dir, tiny_model_dir, 
     with pytest.raises(InputError, match="no example fits max_length 3"):
         monkeypatch.undo()
         dataset.tokenized(out, tokenizer, max_length=3)
+
+
+def test_processes_that_do_not_build_wait_for_the_finished_folders(
+    sampled, toy_dir, tiny_model_dir, tmp_path, monkeypatch
+):
+    """Ranks other than the first never build or lock (file locks may not reach across nodes): they wait
+    for the finished dataset and tokens, written by the first, and then read the very same folders."""
+    monkeypatch.setattr("corag.data.jsonl.WAIT_POLL_S", 0.05)
+    cfg = config(sampled, toy_dir, tiny_model_dir, tmp_path / "ex")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    real_lock = dataset.locked
+    monkeypatch.setattr(dataset, "locked", lambda *a, **k: pytest.fail("a waiting process took the lock"))
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(
+            lambda: dataset.tokenized(dataset.build(cfg, builder=False), tokenizer, builder=False)
+        )
+        time.sleep(0.5)
+        assert not waiting.done() and not list(tmp_path.glob("ex*"))  # nothing written by the waiting one
+        monkeypatch.setattr(dataset, "locked", real_lock)
+        built = dataset.build(cfg)
+        assert not waiting.done()  # still waiting: for the tokens now
+        tokens = dataset.tokenized(built, tokenizer)
+        assert waiting.result(timeout=60)["id"] == tokens["id"]
+    assert len([p for p in (built / "tokenized").iterdir() if p.is_dir()]) == 1  # one cache, the first's
 
 
 def _flags(cfg: dataset.ExamplesConfig) -> list[str]:
