@@ -111,9 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     decoding.require("model", "corpus", "retriever")
     runs = parse_runs(args.methods)
     from corag.decoding import STRATEGIES
-    from corag.retrieval import load_retriever
+    from corag.retrieval import check_corpus, load_retriever
 
     corpus = Corpus.load(decoding.corpus)
+    check_corpus(decoding.retriever, corpus)  # before the model loads
     if any(run.method in STRATEGIES for run in runs):
         given = check_dataset_docs(examples, corpus, decoding.final_docs)
         print(

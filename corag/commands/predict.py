@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         config.check()
     decoding.require("model", "corpus", "retriever")
     from corag.data.corpus import Corpus
-    from corag.retrieval import load_retriever
+    from corag.retrieval import check_corpus, load_retriever
 
     _, examples = questions.load()
     check_unique_ids(examples, questions.data)
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     run = args.run()
     if todo:
         corpus = Corpus.load(decoding.corpus)
+        check_corpus(decoding.retriever, corpus)  # before the model loads
         given = check_dataset_docs(todo, corpus, decoding.final_docs)
         print(
             f"final-answer documents: the data's context_doc_ids for {given} question(s), searched for the rest"

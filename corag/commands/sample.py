@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         config.check()
     from corag.data.corpus import Corpus
     from corag.data.formats import load_examples
-    from corag.retrieval import index_fingerprint, load_retriever
+    from corag.retrieval import check_corpus, index_fingerprint, load_retriever
 
     corpus = Corpus.load(args.corpus)
     errors: list[InputError] = []
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from corag.plan import check_visible
 
     check_visible("sample", {**dataclasses.asdict(args), **dataclasses.asdict(engine)})
+    check_corpus(args.retriever, corpus)  # before the model loads
     lm = engine.load(args.model)
     retriever = load_retriever(args.retriever, index_devices=args.index_devices)
     # The resume hash names what changes the chains, not where things live: a moved checkpoint,

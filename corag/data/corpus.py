@@ -546,6 +546,18 @@ class Corpus:
         """Passages for many ids, in the order asked; costs O(len(doc_ids)) reads."""
         return [self.passage(self.row(d)) for d in doc_ids]
 
+    def fingerprint(self, samples: int = 1000) -> dict[str, Any]:
+        """What identifies these passages cheaply at any size (an index records it, and is refused with
+        another corpus): the row count and a hash of `samples` rows spread evenly over the store."""
+        n = len(self)
+        k = min(samples, n)
+        rows = sorted({i * (n - 1) // max(k - 1, 1) for i in range(k)})  # every row when n <= samples
+        digest = hashlib.sha256()
+        for row in rows:
+            p = self.passage(row)
+            digest.update(f"{p.id}\x00{p.title}\x00{p.contents}\x01".encode())
+        return {"rows": n, "sample_sha256": digest.hexdigest()[:32]}
+
     def passage(self, row: int) -> Passage:
         """The passage in row `row`."""
         doc_id = self._id.get(row) if self._id is not None else str(row)

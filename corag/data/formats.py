@@ -756,7 +756,7 @@ def detect_format(path: PathLike) -> str:
     fmt = format_of_keys(keys)
     if fmt is None:
         raise InputError(
-            f"no known format has the keys {sorted(keys)[:8]} of the first record; pass fmt= (--fmt) one "
+            f"no known format has the keys {sorted(keys)[:8]} of the first record; pass --format one "
             f"of {sorted(LOADERS)}",
             file=str(path),
         )

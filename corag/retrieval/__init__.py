@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from corag.errors import InputError
 from corag.retrieval.base import Retriever
@@ -23,6 +24,27 @@ def index_fingerprint(source: str | Path) -> str:
     if not manifest.is_file():
         raise InputError("no manifest.json: not an index folder (build one with `corag index`)", file=text)
     return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+
+
+def check_corpus(source: str | Path, corpus: Any) -> None:
+    """Refuse an index folder built over another corpus than `corpus` (its hits would name other
+    passages): the row count and a hash of sampled rows, as `corag index` recorded them. Commands call it
+    before any model loads; a service URL, or an index from before indexes recorded their corpus, passes."""
+    manifest = Path(source) / "manifest.json"
+    if str(source).startswith(("http://", "https://")) or not manifest.is_file():
+        return
+    built = json.loads(manifest.read_text()).get("corpus")
+    if built is None:
+        return
+    found = corpus.fingerprint()
+    if found != built:
+        raise InputError(
+            f"the index was built over another corpus ({built['rows']} passages, sample hash "
+            f"{built['sample_sha256'][:8]}) than the one given ({found['rows']} passages, sample hash "
+            f"{found['sample_sha256'][:8]}): give the index's own corpus, or build an index over this one",
+            file=str(manifest),
+            field="corpus",
+        )
 
 
 def load_retriever(
@@ -52,4 +74,4 @@ def load_retriever(
     raise InputError(f"unknown index kind {kind!r}", file=str(manifest), field="kind")
 
 
-__all__ = ["Retriever", "index_fingerprint", "load_retriever"]
+__all__ = ["Retriever", "check_corpus", "index_fingerprint", "load_retriever"]

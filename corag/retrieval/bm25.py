@@ -155,11 +155,19 @@ def write_bm25_index(
 
 
 def build_bm25_folder(
-    batches: Iterable[Sequence[Passage]], out: str | Path, *, num_docs: int | None = None, **kwargs
+    batches: Iterable[Sequence[Passage]],
+    out: str | Path,
+    *,
+    num_docs: int | None = None,
+    corpus: dict | None = None,
+    **kwargs,
 ) -> Path:
-    """Build into a temporary sibling folder and rename it into place, replacing any older index."""
+    """Build into a temporary sibling folder and rename it into place, replacing any older index;
+    `corpus` (Corpus.fingerprint) is recorded in the manifest."""
     with atomic_folder(out) as tmp:
         manifest = write_bm25_index(batches, tmp, num_docs=num_docs, **kwargs)
+        if corpus is not None:
+            manifest["corpus"] = corpus
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return Path(out)
 

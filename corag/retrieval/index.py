@@ -207,12 +207,11 @@ def merge_dense(corpus: Corpus, out: str | Path) -> Path:
 
 
 def _finish(out: Path, manifest: dict, files: list[dict], corpus: Corpus) -> Path:
-    fingerprint = hashlib.sha256("".join(f["file"] for f in files).encode()).hexdigest()[:32]
     if not corpus.ids_are_rows:
         write_json(out / "ids.json", list(corpus.ids))
     else:
         (out / "ids.json").unlink(missing_ok=True)
-    final = {**manifest, "chunks": files, "corpus_fingerprint": fingerprint}
+    final = {**manifest, "chunks": files, "corpus": corpus.fingerprint()}
     final.update(ids_are_rows=corpus.ids_are_rows, corpus_sources=_corpus_sources(corpus), complete=True)
     write_json(out / "manifest.json", final)
     return out
@@ -431,4 +430,4 @@ def build_bm25(corpus: Corpus, out: str | Path, overwrite: bool = False) -> Path
     if (out / "manifest.json").exists() and not overwrite:
         raise InputError("folder already holds an index; use --overwrite", file=str(out))
     batches = tqdm(corpus.iter_batches(8192), total=-(-len(corpus) // 8192), desc="tokenizing", unit="batch")
-    return build_bm25_folder(batches, out, num_docs=len(corpus))
+    return build_bm25_folder(batches, out, num_docs=len(corpus), corpus=corpus.fingerprint())

@@ -151,12 +151,15 @@ class _LazyRetriever:
 
     def __init__(self, config: ExamplesConfig) -> None:
         self.source = config.index or config.retriever_url
+        self.corpus_source = config.corpus
         self._retriever: Any = None
 
     def search(self, queries: Any, k: int) -> Any:
         if self._retriever is None:
-            from corag.retrieval import load_retriever
+            from corag.data.corpus import Corpus
+            from corag.retrieval import check_corpus, load_retriever
 
+            check_corpus(self.source, Corpus.load(self.corpus_source))
             logger.info("loading the retriever %s to re-retrieve steps without doc ids", self.source)
             self._retriever = load_retriever(self.source)
         return self._retriever.search(queries, k)

@@ -123,7 +123,8 @@ def test_manifest_ids_and_fp16_chunks(encoder, tmp_path):
     assert manifest["complete"] and len(manifest["chunks"]) == 3 and manifest["corpus_size"] == 10
     assert [c["rows"] for c in manifest["chunks"]] == [4, 4, 2]
     assert manifest["model"] == encoder.name and manifest["dim"] == 384 and manifest["dtype"] == "float16"
-    assert len(manifest["corpus_fingerprint"]) == 32 and not manifest["ids_are_rows"]
+    assert manifest["corpus"]["rows"] == 10 and len(manifest["corpus"]["sample_sha256"]) == 32
+    assert not manifest["ids_are_rows"]
     chunks = sorted((out / CHUNK_DIR).glob("*.npy"))
     assert [np.load(c).shape for c in chunks] == [(4, 384), (4, 384), (2, 384)]
     assert all(np.load(c).dtype == np.float16 for c in chunks)
@@ -289,3 +290,36 @@ def test_approximate_indexes_report_recall_against_exact(encoder, tmp_path):
     ]
     with pytest.raises(InputError, match="no approximate index 'ivf'"):
         load_dense(out, encoder=encoder, approx="ivf")
+
+
+def test_an_index_over_another_corpus_is_refused_before_any_model_loads(tmp_path, capsys):
+    """An index answers with row numbers of the corpus it was built over: with another corpus (one
+    passage changed, or one more) every hit would name another passage, so commands refuse the pair."""
+    from corag.cli import main as cli
+    from corag.retrieval import check_corpus
+    from corag.retrieval.index import build_bm25
+
+    passages = [Passage(str(i), f"T{i}", f"passage number {i} about topic {i % 3}") for i in range(30)]
+    write_corpus_jsonl(tmp_path / "a.jsonl", passages)
+    edited = [*passages[:17], Passage("17", "T17", "another text"), *passages[18:]]
+    write_corpus_jsonl(tmp_path / "b.jsonl", edited)
+    write_corpus_jsonl(tmp_path / "c.jsonl", [*passages, Passage("30", "T30", "one more")])
+    index = build_bm25(Corpus.load(tmp_path / "a.jsonl"), tmp_path / "idx")
+    check_corpus(index, Corpus.load(tmp_path / "a.jsonl"))  # its own corpus passes
+    for other, rows in (("b.jsonl", 30), ("c.jsonl", 31)):
+        with pytest.raises(InputError, match=rf"another corpus \(30 passages.*given \({rows} passages"):
+            check_corpus(index, Corpus.load(tmp_path / other))
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"id": "q1", "query": "what is topic 1?", "answers": ["x"], "task": "hotpotqa"}) + "\n")
+    argv = [
+        "predict",
+        "--data",
+        str(questions),
+        "--corpus",
+        str(tmp_path / "b.jsonl"),
+        "--retriever",
+        str(index),
+    ]
+    assert cli([*argv, "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "p.jsonl")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert "idx/manifest.json" in line and "field 'corpus'" in line and "no-model" not in line
