@@ -260,17 +260,25 @@ PageLookup = Callable[[Sequence[str]], list[str]]
 
 def page_rows(example: Example, record: dict[str, Any] | None, pages: PageLookup) -> dict[str, float]:
     """KILT's page-level retrieval of one question: R-precision and recall@k of the Wikipedia pages of
-    its retrieved passages, the question's own list and the chain's lists fused by RRF."""
+    its retrieved passages, the question's own list (`context_doc_ids`, the pages its KILT submission
+    cites) and the chain's lists fused by RRF. A question without gold pages scores 0, as in KILT."""
     gold_sets = example.meta.get("evidence") or [list(example.supporting_pages)]
+    if not any(gold_sets):
+        return {key: 0.0 for name in ("question", "chain_rrf") for key in _page_keys(name)}
     lists = chain_doc_lists(record) if record is not None else []
     fused = [hit.doc_id for hit in reciprocal_rank_fusion(lists)] if lists else []
+    own = list(record.get("context_doc_ids") or []) if record is not None else []
     row = {}
-    for name, docs in (("question", lists[0] if lists else []), ("chain_rrf", fused)):
+    for name, docs in (("question", own), ("chain_rrf", fused)):
         guess = pages(docs)
         row[f"Rprec_{name}"] = r_precision(guess, gold_sets)
         for k in PAGE_KS:
             row[f"page_recall@{k}_{name}"] = kilt_recall_at_k(guess, gold_sets, k)
     return row
+
+
+def _page_keys(name: str) -> list[str]:
+    return [f"Rprec_{name}", *(f"page_recall@{k}_{name}" for k in PAGE_KS)]
 
 
 def score_records(
@@ -307,7 +315,9 @@ def score_records(
             for k in RECALL_KS:
                 recall[f"recall@{k}_question"].append(recall_at_k(lists[0] if lists else [], gold, k))
                 recall[f"recall@{k}_chain_rrf"].append(recall_at_k(fused, gold, k))
-        if pages is not None and example.supporting_pages:
+        # KILT averages page metrics over every question of a KILT task (those without gold pages
+        # count 0); elsewhere, over the questions with gold pages
+        if pages is not None and (example.supporting_pages or rule == "kilt"):
             page_row = page_rows(example, record, pages)
             for key, value in page_row.items():
                 recall[key].append(value)

@@ -164,6 +164,10 @@ def task_from_path(path: str | Path) -> str | None:
     if hub:
         return hub
     name = path.name.lower()
+    # a file named by its task, as `corag prepare-data` names them: kilt_hotpotqa_dev.jsonl, nq_validation.jsonl
+    named = [task for task in TASKS if re.match(rf"{re.escape(task)}[_.-]", name)]
+    if named:
+        return max(named, key=len)
     return next((task for word, task in _BENCHMARK_WORDS if word in name), None)
 
 

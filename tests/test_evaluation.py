@@ -155,6 +155,35 @@ def test_one_table_over_datasets_with_the_papers_figures_where_it_has_them(tmp_p
     assert (tmp_path / "results.csv").read_text().startswith("dataset,run,count,em,paper_em,f1,paper_f1,")
 
 
+def test_kilt_page_metrics_count_every_question_and_cite_what_the_submission_cites():
+    """KILT's eval_retrieval / eval_downstream average over every question: one without gold provenance
+    counts 0 (R-precision and KILT-*). The pages scored are those of `context_doc_ids`, the ones the
+    submission cites, never a step's documents. Expected values by hand, for four NQ questions:
+      q1: gold page 10, cites page 10, answer right -> Rprec 1, KILT-EM 1
+      q2: gold page 20, cites page 30, answer right -> Rprec 0, KILT-EM 0
+      q3: no gold provenance, cites page 10, right  -> Rprec 0, KILT-EM 0 (KILT counts it)
+      q4: gold page 20, cites nothing (its step found page 20), right -> Rprec 0, KILT-EM 0
+    so Rprec = 1/4, KILT-EM = 1/4, EM = 4/4 (in points: 25, 25, 100)."""
+    page_of = {"d10": "10", "d20": "20", "d30": "30"}
+    examples = [
+        Example("q1", "who?", ("Ann",), task="nq", supporting_pages=("10",)),
+        Example("q2", "who?", ("Bob",), task="nq", supporting_pages=("20",)),
+        Example("q3", "who?", ("Cy",), task="nq"),
+        Example("q4", "who?", ("Di",), task="nq", supporting_pages=("20",)),
+    ]
+    records = [
+        {"predictions": "Ann", "context_doc_ids": ["d10"]},
+        {"predictions": "Bob", "context_doc_ids": ["d30"]},
+        {"predictions": "Cy", "context_doc_ids": ["d10"]},
+        {"predictions": "Di", "context_doc_ids": [], "steps": [{"doc_ids": ["d20"]}]},
+    ]
+    summary = score_records(examples, records, pages=lambda ids: [page_of[i] for i in ids])
+    assert summary["em"] == 100.0
+    assert summary["Rprec_question"] == pytest.approx(25.0)
+    assert summary["KILT-em"] == pytest.approx(25.0) and summary["KILT-accuracy"] == pytest.approx(25.0)
+    assert summary["page_recall@5_question"] == pytest.approx(25.0)
+
+
 def test_kilt_submission_from_predictions_validates(shared_data, tmp_path):
     gold_lines = (shared_data / "kilt" / "hotpotqa-dev-kilt.sample.jsonl").read_text().splitlines()[:5]
     gold = tmp_path / "hotpotqa-dev-kilt.jsonl"

@@ -83,6 +83,9 @@ def test_names_aliases_and_the_kilt_namespace():
         ("corag/kilt/hotpotqa/test-00000-of-00001.parquet", "kilt_hotpotqa", "test"),
         ("corag/multihopqa/hotpotqa/validation-00000-of-00001.parquet", "hotpotqa", "validation"),
         ("validation-00000-of-00001.parquet", None, "validation"),
+        ("kilt_hotpotqa_validation.jsonl", "kilt_hotpotqa", "validation"),  # named by the task itself
+        ("data/kilt/nq_validation.jsonl", "nq", "validation"),
+        ("2wikimultihopqa_train.jsonl", "2wikimultihopqa", "train"),
         ("my_questions.jsonl", None, None),
     ],
 )

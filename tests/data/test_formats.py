@@ -344,7 +344,7 @@ def test_format_choice(tmp_path, shared_data):
     assert set(LOADERS) == {"jsonl", "hotpotqa", "2wiki", "musique", "bamboogle", "kilt", "multihopqa"}
     with pytest.raises(InputError, match="no records"):
         detect_format(_write_lines(tmp_path / "data.json", ["[]"]))
-    with pytest.raises(InputError, match="pass fmt"):
+    with pytest.raises(InputError, match="pass --format"):
         detect_format(_write_lines(tmp_path / "data.json", ['[{"q": "x"}]']))
     with pytest.raises(InputError, match="unknown format"):
         load_examples(shared_data / HOTPOT, fmt="squad")
