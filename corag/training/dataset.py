@@ -337,11 +337,15 @@ def build(config: ExamplesConfig, builder: bool = True) -> Path:
         if out.exists():
             raise InputError("exists and is not a finished examples dataset; delete it", file=str(out))
         work = out.with_name(out.name + ".partial")
-        work.mkdir(parents=True, exist_ok=True)
         recorded = work / "settings.json"
-        if recorded.is_file():
-            _check_same(json.loads(recorded.read_text()), wanted, recorded)
-        else:
+        if recorded.is_file() and json.loads(recorded.read_text()) != wanted:
+            # an unfinished build of ours from other inputs (a chains file fixed since, other options):
+            # its shards cannot be resumed, and it must not block this build
+            changed = sorted(k for k, v in json.loads(recorded.read_text()).items() if wanted.get(k) != v)
+            logger.warning("discarding the unfinished build in %s (other %s)", work, ", ".join(changed))
+            shutil.rmtree(work)
+        work.mkdir(parents=True, exist_ok=True)
+        if not recorded.is_file():
             with atomic_write(recorded) as f:
                 json.dump(wanted, f, indent=1)
         shards = _write_shards(config, work)

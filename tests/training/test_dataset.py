@@ -87,6 +87,10 @@ def test_a_step_without_doc_ids_and_no_retriever_names_the_setting(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "set `index`" in err and "retriever_url" in err
     assert not (tmp_path / "out").exists()
+    # the user fixes the chains file: the refused run does not block the rerun
+    chains.write_text("\n".join(lines[:4]) + "\n")
+    assert cli(["build-examples", *_flags(cfg)]) == 0
+    assert dataset.read_manifest(tmp_path / "out")["chains"] == 4
 
 
 def test_building_twice_or_after_an_interruption_gives_the_same_dataset(
