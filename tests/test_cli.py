@@ -142,6 +142,8 @@ CASES = [
      "no predictions in the file", "p.jsonl"),
     ("a page map that is not one", lambda d, t: ["--data", _good_kilt(d, t), "--page-ids", _write(t / "pages.json", b"[1, 2]")],
      "expected a JSON object of title -> page id, got list", "pages.json"),
+    ("a negative --limit", lambda d, t: ["--data", _good_kilt(d, t), "--limit", "-3"],
+     "must be 1 or more, got -3", "field '--limit'"),
 ]  # fmt: skip
 
 

@@ -45,6 +45,8 @@ class QuestionsArgs:
     def check(self) -> None:
         if self.task is not None:
             get_task(self.task, field="--task")
+        if self.limit is not None and self.limit < 1:
+            raise InputError(f"must be 1 or more, got {self.limit}", field="--limit")
 
     def load(self) -> tuple[list[Example], list[Example]]:
         """(every question of the file, the first --limit of them)."""

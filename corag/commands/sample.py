@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     for config in (sampling, engine, limits):
         config.check()
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"must be 1 or more, got {args.limit}", field="--limit")
     from corag.data.corpus import Corpus
     from corag.data.formats import load_examples
     from corag.retrieval import check_corpus, index_fingerprint, load_retriever
