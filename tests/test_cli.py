@@ -170,3 +170,27 @@ def test_each_kind_of_bad_input_is_one_line(shared_data, tmp_path, capsys, name,
 
 def test_there_are_at_least_fifteen_kinds():
     assert len({c[0] for c in CASES}) >= 15
+
+
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(shared_data, tmp_path, capsys):
+    """Writing an output over an input would destroy it (predict truncated a 70 KB questions file to one
+    prediction; from-contexts replaced its input with the corpus): refused in one line, every byte kept."""
+    hotpot = tmp_path / "hotpot.json"
+    hotpot.write_bytes((shared_data / HOTPOT).read_bytes())
+    before = hotpot.read_bytes()
+    runs = [
+        ["predict", "--data", hotpot, "--out", hotpot, "--model", "m", "--corpus", "c", "--retriever", "r"],
+        ["corpus", "from-contexts", hotpot, "--out", hotpot],
+        ["corpus", "from-contexts", hotpot, "--out", tmp_path / "c.jsonl", "--questions", hotpot],
+        ["corpus", "from-contexts", hotpot, "--out", tmp_path / "c.jsonl", "--questions", tmp_path / "c.jsonl"],
+        ["merge", "--questions", hotpot, "--out", hotpot, tmp_path / "chains-0.jsonl"],
+    ]
+    for argv in runs:
+        assert main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "would destroy it; choose another path" in err, err
+        assert hotpot.read_bytes() == before
+    # default names keep the whole stem: two inputs never share one
+    for name in ("musique_ans_v1.0_dev", "musique_ans_v1.0_train"):
+        assert main(["corpus", "from-contexts", str(hotpot), "--out", str(tmp_path / f"{name}.jsonl")]) == 0
+        assert (tmp_path / f"{name}.questions.jsonl").is_file()

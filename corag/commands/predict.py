@@ -16,6 +16,7 @@ from pathlib import Path
 from corag.chain import GenerationLimits, check_dataset_docs
 from corag.commands.common import DecodingArgs, QuestionsArgs, check_unique_ids
 from corag.config import parse_config
+from corag.data.jsonl import refuse_inputs_as_outputs
 from corag.decoding import STRATEGIES, get_strategy
 from corag.errors import InputError
 from corag.evaluation import Run, done_ids, read_predictions, run_method, write_official_files
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for config in (engine, limits, decoding, questions):
         config.check()
     decoding.require("model", "corpus", "retriever")
+    refuse_inputs_as_outputs({"--out": args.out}, [questions.data, decoding.corpus])
     from corag.data.corpus import Corpus
     from corag.retrieval import check_corpus, load_retriever
 

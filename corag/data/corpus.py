@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from corag.data.jsonl import atomic_folder, atomic_write, dumps, iter_jsonl, locked
+from corag.data.jsonl import atomic_folder, atomic_write, dumps, iter_jsonl, locked, refuse_inputs_as_outputs
 from corag.errors import InputError
 from corag.types import Example, Passage
 
@@ -654,7 +654,7 @@ def corpus_from_contexts(sources: Iterable[Example | str | Path], out: str | Pat
 def default_questions_path(corpus_path: str | Path) -> Path:
     """Where `corag corpus from-contexts` writes the questions: `<corpus stem>.questions.jsonl` beside it."""
     path = Path(corpus_path)
-    return path.with_name(f"{path.name.split('.')[0]}.questions.jsonl")
+    return path.with_name(f"{path.with_suffix('').name}.questions.jsonl")  # the whole stem: no collisions
 
 
 def write_context_corpus(
@@ -664,8 +664,9 @@ def write_context_corpus(
     JSONL (atomically), so evaluating them reports passage recall. Returns the corpus and that path."""
     from corag.data.formats import example_to_record
 
-    built = corpus_from_contexts(sources, out)
     path = Path(questions) if questions else default_questions_path(out)
+    refuse_inputs_as_outputs({"--out": out, "--questions": path}, sources)
+    built = corpus_from_contexts(sources, out)
     with atomic_write(path) as f:
         for example in built.examples:
             f.write(dumps(example_to_record(example)) + "\n")

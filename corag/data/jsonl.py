@@ -163,6 +163,25 @@ def locked(path: str | Path, doing: str = "writing") -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def refuse_inputs_as_outputs(outputs: Mapping[str, str | Path | None], inputs: Iterable[str | Path]) -> None:
+    """An output (option name -> path) that is one of the inputs, or another output, would be
+    destroyed by the writing: refused in one line naming the option, before anything is read."""
+    seen: dict[Path, str] = {}
+    for path in inputs:
+        seen.setdefault(Path(path).resolve(), "an input")
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            raise InputError(
+                f"{option} is also {seen[resolved]}: writing it would destroy it; choose another path",
+                file=str(path),
+                field=option,
+            )
+        seen[resolved] = f"the path of {option}"
+
+
 WAIT_POLL_S = 5.0  # how often wait_for_file looks
 
 
