@@ -13,6 +13,7 @@ rule (`--rules official`) or the CoRAG release's (`--rules corag`, the paper's n
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import sys
@@ -102,9 +103,33 @@ def parse_runs(specs: Iterable[str]) -> list[Run]:
                 )
             keys.append(ALIASES.get(key, key))
             grids.append([_value(v) for v in values.split(",")])
+        for key, grid in zip(keys, grids, strict=True):
+            _check_setting(known[method], method, key, grid, spec)
         for point in itertools.product(*grids):
             runs.append(Run(method, tuple(zip(keys, point, strict=True))))
     return runs
+
+
+AT_LEAST_ONE = {"n", "expand", "beam", "max_rounds", "max_sentences", "k"}  # counts that 0 would empty
+
+
+def _check_setting(function: Any, method: str, key: str, values: list[Any], spec: str) -> None:
+    """A setting the method takes, of the type of its default (an int where it counts something; at
+    least 0 for steps, at least 1 for samples and the like): refused in one line before anything loads."""
+    parameters = inspect.signature(function).parameters
+    if key not in parameters or key in ("ctx", "example", "corpus"):
+        raise InputError(f"{method} has no setting {key!r} (in {spec!r})", field="methods")
+    default = parameters[key].default
+    lowest = 1 if key in AT_LEAST_ONE else 0
+    key = {v: k for k, v in ALIASES.items()}.get(key, key)  # as the spec writes it (L, N)
+    for value in values:
+        if isinstance(default, int) and not isinstance(default, bool):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InputError(f"{key} must be an integer, got {value!r} (in {spec!r})", field="methods")
+            if value < lowest:
+                raise InputError(
+                    f"{key} must be {lowest} or more, got {value} (in {spec!r})", field="methods"
+                )
 
 
 # Running --------------------------------------------------------------------------------------------

@@ -142,6 +142,12 @@ CASES = [
      "no predictions in the file", "p.jsonl"),
     ("a page map that is not one", lambda d, t: ["--data", _good_kilt(d, t), "--page-ids", _write(t / "pages.json", b"[1, 2]")],
      "expected a JSON object of title -> page id, got list", "pages.json"),
+    ("a step count that is not a number", lambda d, t: ["--data", _good_kilt(d, t), "--methods", "greedy:L=abc"],
+     "L must be an integer, got 'abc' (in 'greedy:L=abc')", "field 'methods'"),
+    ("no samples", lambda d, t: ["--data", _good_kilt(d, t), "--methods", "best_of_n:L=2:N=0"],
+     "N must be 1 or more, got 0", "field 'methods'"),
+    ("a setting the method lacks", lambda d, t: ["--data", _good_kilt(d, t), "--methods", "greedy:beam=2"],
+     "greedy has no setting 'beam'", "field 'methods'"),
     ("a negative --limit", lambda d, t: ["--data", _good_kilt(d, t), "--limit", "-3"],
      "must be 1 or more, got -3", "field '--limit'"),
 ]  # fmt: skip

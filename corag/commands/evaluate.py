@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     questions, decoding, args, engine, limits = configs
     for config in (engine, limits, decoding, questions):
         config.check()
+    runs = parse_runs(args.methods)  # every setting checked before any file is read
     from corag.data.corpus import Corpus
 
     loaded, examples = questions.load()
@@ -109,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"metrics in {out_dir / 'metrics.json'}")
         return 0
     decoding.require("model", "corpus", "retriever")
-    runs = parse_runs(args.methods)
     from corag.decoding import STRATEGIES
     from corag.retrieval import check_corpus, load_retriever
 
