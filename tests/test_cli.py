@@ -188,7 +188,15 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(shared_data, t
         ["predict", "--data", hotpot, "--out", hotpot, "--model", "m", "--corpus", "c", "--retriever", "r"],
         ["corpus", "from-contexts", hotpot, "--out", hotpot],
         ["corpus", "from-contexts", hotpot, "--out", tmp_path / "c.jsonl", "--questions", hotpot],
-        ["corpus", "from-contexts", hotpot, "--out", tmp_path / "c.jsonl", "--questions", tmp_path / "c.jsonl"],
+        [
+            "corpus",
+            "from-contexts",
+            hotpot,
+            "--out",
+            tmp_path / "c.jsonl",
+            "--questions",
+            tmp_path / "c.jsonl",
+        ],
         ["merge", "--questions", hotpot, "--out", hotpot, tmp_path / "chains-0.jsonl"],
     ]
     for argv in runs:

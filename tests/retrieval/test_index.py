@@ -310,7 +310,9 @@ def test_an_index_over_another_corpus_is_refused_before_any_model_loads(tmp_path
         with pytest.raises(InputError, match=rf"another corpus \(30 passages.*given \({rows} passages"):
             check_corpus(index, Corpus.load(tmp_path / other))
     questions = tmp_path / "q.jsonl"
-    questions.write_text(json.dumps({"id": "q1", "query": "what is topic 1?", "answers": ["x"], "task": "hotpotqa"}) + "\n")
+    questions.write_text(
+        json.dumps({"id": "q1", "query": "what is topic 1?", "answers": ["x"], "task": "hotpotqa"}) + "\n"
+    )
     argv = [
         "predict",
         "--data",
