@@ -629,8 +629,11 @@ def visible_gpu_memory(env: dict[str, str] | None = None) -> list[float]:
         return []
     gpus = []
     for line in listed.splitlines():
-        index, uuid, mib = (part.strip() for part in line.split(","))
-        gpus.append((index, uuid, float(mib) * 2**20))
+        parts = [part.strip() for part in line.split(",")]
+        try:
+            gpus.append((parts[0], parts[1], float(parts[2]) * 2**20))
+        except (IndexError, ValueError):  # not the queried table (an nvidia-smi too old, or a stand-in)
+            return []
     if "CUDA_VISIBLE_DEVICES" not in env:
         return [memory for *_, memory in gpus]
     chosen = []

@@ -153,6 +153,9 @@ def test_commands_check_the_gpus_they_see_without_starting_cuda(tmp_path, monkey
     assert visible_gpu_memory({"CUDA_VISIBLE_DEVICES": "GPU-aaa1,GPU-bbb"}) == [gb[0], gb[1]]  # UUID prefixes
     assert visible_gpu_memory({"CUDA_VISIBLE_DEVICES": "0,7,1"}) == [gb[0]]  # CUDA stops at a bad entry
     assert visible_gpu_memory({"CUDA_VISIBLE_DEVICES": "-1"}) == []
+    (tmp_path / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-aaa0)'\n")
+    assert visible_gpu_memory({}) == []  # output it cannot read: nothing known, nothing checked
+    (tmp_path / "nvidia-smi").write_text(FAKE_SMI)
     values = load_yaml(REPO / "configs/eval/corag-llama3.1-8b.yaml")
     values["index_devices"] = "cuda:0-1"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
