@@ -56,10 +56,13 @@ log_dir=${CORAG_LOG_DIR:-logs}
 mkdir -p "$log_dir"
 echo "slurm_sft.sh: $nodes node(s) x $per_node process(es), rendezvous at $head_addr:$port, logs in $log_dir/"
 # One task per node; the first task that fails ends the others (a hung collective would hold every GPU).
+# The first task hosts the rendezvous store and the others only connect to it: said outright, because
+# torch's guess (does the address name this machine?) can be yes on two nodes at once, and then whichever
+# starts first takes the port. Ranks follow the order the nodes join: rank 0 may log on any node.
 srun --kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --open-mode=append \
   --output="$log_dir/corag-sft-%j-node%t.log" \
   bash -c 'exec "$0" launch --config_file "$1" --num_machines "$2" --num_processes "$3" \
     --machine_rank "$SLURM_PROCID" --main_process_ip "$4" --main_process_port "$5" --rdzv_backend c10d \
-    "${@:6}"' \
+    --rdzv_conf "is_host=$(( SLURM_PROCID == 0 ))" "${@:6}"' \
   "${ACCELERATE:-accelerate}" "$accel" "$nodes" "$(( nodes * per_node ))" "$head_addr" "$port" \
   recipes/sft.py --config "$config" "$@"

@@ -241,8 +241,14 @@ def run_job(job_id: int, out: str, command: list[str]) -> int:
     return code
 
 
+# Slurm starts a step's tasks in no set order; the stand-in starts the last task first and the first one
+# SRUN_STAGGER_S later, so that a task which takes its peers to be up already fails here every time.
+SRUN_STAGGER_S = float(os.environ.get("FAKE_SRUN_STAGGER_S", "5"))
+
+
 def srun(argv: list[str]) -> int:
-    """One process per node (tasks per node: 1), SLURM_PROCID / SLURM_NODEID / SLURMD_NODENAME set."""
+    """One process per node (tasks per node: 1), SLURM_PROCID / SLURM_NODEID / SLURMD_NODENAME set;
+    the tasks start last first (see SRUN_STAGGER_S)."""
     options, command = split_options(argv)
     if not command:
         fail("no command given", 2)
@@ -250,7 +256,9 @@ def srun(argv: list[str]) -> int:
     tasks = int(options.get("--ntasks", str(nodes)))
     names = hostnames(os.environ.get("SLURM_JOB_NODELIST", "node1"))
     children = []
-    for rank in range(tasks):
+    for rank in reversed(range(tasks)):
+        if children:
+            time.sleep(SRUN_STAGGER_S)
         env = {
             **os.environ,
             "SLURM_PROCID": str(rank),
