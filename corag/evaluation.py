@@ -29,7 +29,7 @@ from corag.chain import DecodeResult
 from corag.data.jsonl import JsonlAppender, atomic_write, input_file, iter_jsonl, recover_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.executor import EXECUTORS
-from corag.kilt import passage_pages, record_answer, warn_missing
+from corag.kilt import check_missing, passage_pages, record_answer
 from corag.metrics import (
     answer_scores,
     cover_em,
@@ -236,16 +236,9 @@ def read_predictions(
         by_id[qid] = record
     if not by_id:
         raise InputError("no predictions in the file", file=str(path))
-    missing = [e.id for e in examples if e.id not in by_id]
-    if missing and require_all:
-        raise InputError(
-            f"no prediction for {len(missing)} question(s)",
-            file=str(path),
-            record=missing[0],
-            field="query_id",
-        )
-    if missing:
-        warn_missing(len(missing), missing[0], len(examples), str(path))
+    check_missing(
+        [e.id for e in examples if e.id not in by_id], len(examples), str(path), "query_id", require_all
+    )
     return [by_id.get(e.id) for e in examples]
 
 

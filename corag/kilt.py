@@ -128,17 +128,9 @@ def validate_submission(
     gold_by_id = load_gold(gold)
     guess_by_id = _index(list(iter_jsonl(input_file(submission))), str(submission), single=True)
     missing = [record_id for record_id in gold_by_id if record_id not in guess_by_id]
-    if missing and require_all:
-        raise InputError(
-            f"no prediction for {len(missing)} gold id(s), first {missing[0]!r}",
-            file=str(submission),
-            record=missing[0],
-            field="id",
-        )
-    if missing:
-        warn_missing(len(missing), missing[0], len(gold_by_id), str(submission))
-        for record_id in missing:
-            guess_by_id[record_id] = {"id": record_id, "output": [{"answer": "", "provenance": []}]}
+    check_missing(missing, len(gold_by_id), str(submission), "id", require_all, what="gold id(s)")
+    for record_id in missing:
+        guess_by_id[record_id] = {"id": record_id, "output": [{"answer": "", "provenance": []}]}
     extra = [record_id for record_id in guess_by_id if record_id not in gold_by_id]
     if extra and not allow_extra:
         raise InputError(
@@ -200,10 +192,21 @@ def score_pairs(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], ks: Sequ
     }
 
 
-def warn_missing(count: int, first: str, total: int, source: str) -> None:
-    """The one warning for predictions that are missing and counted 0."""
+def check_missing(
+    missing: list[str], total: int, source: str, field: str, require_all: bool, what: str = "question(s)"
+) -> None:
+    """Questions without a prediction: refused under --require-all, else one warning (each counts 0)."""
+    if not missing:
+        return
+    if require_all:
+        raise InputError(
+            f"no prediction for {len(missing)} {what}, first {missing[0]!r}",
+            file=source,
+            record=missing[0],
+            field=field,
+        )
     print(
-        f"warning: {source}: no prediction for {count} of {total} question(s) (first {first!r}); "
+        f"warning: {source}: no prediction for {len(missing)} of {total} question(s) (first {missing[0]!r}); "
         "each counts 0 (--require-all refuses instead)",
         file=sys.stderr,
     )

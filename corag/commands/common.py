@@ -110,6 +110,14 @@ class DecodingArgs:
             if not getattr(self, name):
                 raise InputError("required to answer questions", field=f"--{name}")
 
+    def load(self, engine: EngineSettings) -> tuple[Any, Any]:
+        """The model and the retriever, once the plan fits the GPUs this process sees."""
+        from corag.plan import check_visible
+        from corag.retrieval import load_retriever
+
+        check_visible("evaluate", {**dataclasses.asdict(self), **dataclasses.asdict(engine)})
+        return engine.load(self.model), load_retriever(self.retriever, index_devices=self.index_devices)
+
 
 def check_unique_ids(examples: Sequence[Example], data: str) -> None:
     """Duplicate question ids are an error: resuming and scoring find answers by id."""

@@ -8,7 +8,6 @@ an existing prediction file (ours or the official inference's) is scored instead
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -111,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     decoding.require("model", "corpus", "retriever")
     from corag.decoding import STRATEGIES
-    from corag.retrieval import check_corpus, load_retriever
+    from corag.retrieval import check_corpus
 
     corpus = Corpus.load(decoding.corpus)
     check_corpus(decoding.retriever, corpus)  # before the model loads
@@ -120,13 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"final-answer documents: the data's context_doc_ids for {given} of {len(examples)} question(s)"
         )
-    from corag.plan import check_visible
-
-    check_visible("evaluate", {**dataclasses.asdict(decoding), **dataclasses.asdict(engine)})
-    lm, retriever = (
-        engine.load(decoding.model),
-        load_retriever(decoding.retriever, index_devices=decoding.index_devices),
-    )
+    lm, retriever = decoding.load(engine)
     extra: dict[str, Any] = {}
     if args.demonstrations:
         from corag.methods.demos import load_demonstrations

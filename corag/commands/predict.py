@@ -9,7 +9,6 @@ write through `corag.evaluation.run_method`).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     decoding.require("model", "corpus", "retriever")
     refuse_inputs_as_outputs({"--out": args.out}, [questions.data, decoding.corpus])
     from corag.data.corpus import Corpus
-    from corag.retrieval import check_corpus, load_retriever
+    from corag.retrieval import check_corpus
 
     _, examples = questions.load()
     check_unique_ids(examples, questions.data)
@@ -87,13 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"final-answer documents: the data's context_doc_ids for {given} question(s), searched for the rest"
         )
-        from corag.plan import check_visible
-
-        check_visible("evaluate", {**dataclasses.asdict(decoding), **dataclasses.asdict(engine)})
-        lm, retriever = (
-            engine.load(decoding.model),
-            load_retriever(decoding.retriever, index_devices=decoding.index_devices),
-        )
+        lm, retriever = decoding.load(engine)
         records = run_method(
             run, examples, lm, retriever, corpus, out,
             budget=decoding.budget, max_active=decoding.max_active, executor=decoding.executor,
