@@ -12,11 +12,13 @@ import logging
 import sys
 
 from corag.config import parse_config
-from corag.training.dataset import ExamplesConfig, build
+from corag.data.jsonl import check_output
+from corag.training.dataset import MANIFEST, ExamplesConfig, build
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     config = parse_config(ExamplesConfig, argv, __doc__.splitlines()[0])
+    check_output(config.dataset, "--dataset", marks=(MANIFEST,))
     print(build(config))
     return 0

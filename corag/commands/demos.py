@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corag.config import parse_config
+from corag.data.jsonl import check_output
 from corag.errors import InputError
 from corag.methods.demos import demos_from_examples, demos_from_musique, write_demonstrations
 
@@ -30,6 +31,7 @@ class DemosConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_config(DemosConfig, argv, __doc__.splitlines()[0])
+    check_output(args.out, "--out", keys=("question", "answer"))
     if (args.musique is None) == (args.toy is None):
         raise InputError("give one of --musique and --toy", field="--musique")
     if len(args.distractors) != 2:

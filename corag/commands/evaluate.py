@@ -18,6 +18,7 @@ from typing import Any
 from corag.chain import GenerationLimits, check_dataset_docs
 from corag.commands.common import DecodingArgs, QuestionsArgs, settings_record
 from corag.config import parse_config
+from corag.data.jsonl import check_output
 from corag.evaluation import (
     RULE_CHOICES,
     eval_task,
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     for config in (engine, limits, decoding, questions):
         config.check()
     runs = parse_runs(args.methods)  # every setting checked before any file is read
+    check_output(args.out_dir, "--out-dir", marks=("metrics.json", "*/predictions.jsonl", "results.md"))
     from corag.data.corpus import Corpus
 
     loaded, examples = questions.load()

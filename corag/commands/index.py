@@ -15,9 +15,11 @@ from pathlib import Path
 
 from corag.config import parse_config
 from corag.data.corpus import Corpus
+from corag.data.jsonl import check_output
 from corag.retrieval.dense import Encoder, resolve_model
 from corag.retrieval.index import (
     APPROX_KINDS,
+    CHUNK_DIR,
     DEFAULT_CHUNK_SIZE,
     build_approx,
     build_bm25,
@@ -81,6 +83,7 @@ class IndexConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_config(IndexConfig, argv, __doc__.splitlines()[0])
+    check_output(args.out, "--out", marks=("manifest.json", CHUNK_DIR))  # --overwrite included
     corpus = Corpus.load(args.corpus)
     if args.kind == "bm25":
         out = build_bm25(corpus, args.out, overwrite=args.overwrite)

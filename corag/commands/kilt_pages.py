@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 from corag.config import parse_config
+from corag.data.jsonl import check_output
 from corag.kilt import build_page_ids
 
 
@@ -22,6 +23,7 @@ class KiltPagesConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_config(KiltPagesConfig, argv, __doc__)
+    check_output(args.out, "--out")
     counts = build_page_ids(args.knowledge_source, args.out)
     print(json.dumps(counts))
     print(f"title -> page id map of {counts['pages']} pages written to {args.out}")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corag.config import parse_config
-from corag.data.jsonl import refuse_inputs_as_outputs
+from corag.data.jsonl import check_output, refuse_inputs_as_outputs
 from corag.errors import InputError
 from corag.sampling import merge_shards, validate_questions
 
@@ -27,6 +27,7 @@ class MergeArgs:
 def main(argv: list[str] | None = None) -> int:
     args = parse_config(MergeArgs, argv, __doc__.splitlines()[0])
     refuse_inputs_as_outputs({"--out": args.out}, [args.questions, *args.shards])
+    check_output(args.out, "--out", keys=("query_id",))
     from corag.data.formats import load_examples
 
     examples = load_examples(

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from corag.commands.corpus import Subcommands, run_subcommand
-from corag.models import convert_smollm2
+from corag.data.jsonl import check_output
+from corag.models import SOURCE_RECORD, convert_smollm2
 
 
 @dataclass
@@ -16,6 +17,7 @@ class SmolLM2Config:
 
 
 def smollm2(args: SmolLM2Config) -> int:
+    check_output(args.out, "--out", marks=(SOURCE_RECORD,))
     out = convert_smollm2(args.out)
     print(f"SmolLM2-135M-Instruct checkpoint in {out}")
     return 0

@@ -15,7 +15,7 @@ from pathlib import Path
 from corag.chain import GenerationLimits, check_dataset_docs
 from corag.commands.common import DecodingArgs, QuestionsArgs, check_unique_ids
 from corag.config import parse_config
-from corag.data.jsonl import refuse_inputs_as_outputs
+from corag.data.jsonl import check_output, refuse_inputs_as_outputs
 from corag.decoding import STRATEGIES, get_strategy
 from corag.errors import InputError
 from corag.evaluation import Run, done_ids, read_predictions, run_method, write_official_files
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         config.check()
     decoding.require("model", "corpus", "retriever")
     refuse_inputs_as_outputs({"--out": args.out}, [questions.data, decoding.corpus])
+    check_output(args.out, "--out", keys=("query_id",))
     from corag.data.corpus import Corpus
     from corag.retrieval import check_corpus
 

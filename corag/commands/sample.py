@@ -16,6 +16,7 @@ from pathlib import Path
 from corag.chain import GenerationLimits
 from corag.commands.common import chain_settings
 from corag.config import parse_config
+from corag.data.jsonl import check_output
 from corag.errors import InputError
 from corag.executor import EXECUTORS
 from corag.lm.settings import EngineSettings
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         config.check()
     if args.limit is not None and args.limit < 1:
         raise InputError(f"must be 1 or more, got {args.limit}", field="--limit")
+    out_path = shard_path(Path(args.out_dir), args.shard, args.num_shards)
+    check_output(args.out_dir, "--out_dir", marks=("*",))  # a folder; its other files are left alone
+    check_output(out_path, "--out_dir", keys=("query_id",))
     from corag.data.corpus import Corpus
     from corag.data.formats import load_examples
     from corag.retrieval import check_corpus, index_fingerprint, load_retriever
@@ -114,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     index_id = (
         retriever.fingerprint() if hasattr(retriever, "fingerprint") else index_fingerprint(args.retriever)
     )
-    out_path = shard_path(Path(args.out_dir), args.shard, args.num_shards)
     summary = run_sampling(
         examples,
         corpus,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from corag.config import parse_config
+from corag.data.jsonl import check_output
 from corag.toy.world import generate_world
 
 
@@ -25,6 +26,7 @@ class ToyworldArgs:
 def main(argv: list[str] | None = None) -> int:
     """`corag toyworld --out DIR --seed N [sizes]`: write a toy world to a folder."""
     args = parse_config(ToyworldArgs, argv, description=main.__doc__)
+    check_output(args.out, "--out", marks=("single_hop.jsonl",))
     world = generate_world(
         seed=args.seed,
         num_entities=args.num_entities,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from corag.config import parse_config
-from corag.data.jsonl import write_jsonl
+from corag.data.jsonl import check_output, write_jsonl
 from corag.toy.warmstart import WarmStartConfig, iter_examples
 
 
@@ -25,6 +25,7 @@ class WarmstartArgs:
 def main(argv: list[str] | None = None) -> int:
     """`corag warmstart --out FILE --seed N --worlds W`: write warm-start examples as JSONL."""
     args = parse_config(WarmstartArgs, argv, description=main.__doc__)
+    check_output(args.out, "--out", keys=("prompt", "completion"))
     config = WarmStartConfig(
         reading_per_world=args.reading_per_world,
         subquery_questions_per_world=args.subquery_questions_per_world,

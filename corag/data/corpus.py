@@ -32,7 +32,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from corag.data.jsonl import atomic_folder, atomic_write, dumps, iter_jsonl, locked, refuse_inputs_as_outputs
+from corag.data.jsonl import (
+    atomic_folder,
+    atomic_write,
+    check_output,
+    dumps,
+    iter_jsonl,
+    locked,
+    refuse_inputs_as_outputs,
+)
 from corag.errors import InputError
 from corag.types import Example, Passage
 
@@ -409,6 +417,7 @@ def prepare_corpus(
     """
     found = _find_source(Path(source))
     store = Path(out) if out is not None else default_store_path(found.path, cache_dir)
+    check_output(store, "--out", marks=("store.json",))  # --overwrite included
     stamps = found.stamps()
     with locked(store, "preparing"):
         manifest = _read_manifest(store)
@@ -666,6 +675,8 @@ def write_context_corpus(
 
     path = Path(questions) if questions else default_questions_path(out)
     refuse_inputs_as_outputs({"--out": out, "--questions": path}, sources)
+    check_output(out, "--out", keys=("id", "contents"))
+    check_output(path, "--questions", keys=("id", "query"))
     built = corpus_from_contexts(sources, out)
     with atomic_write(path) as f:
         for example in built.examples:

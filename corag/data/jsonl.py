@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -180,6 +180,57 @@ def refuse_inputs_as_outputs(outputs: Mapping[str, str | Path | None], inputs: I
                 field=option,
             )
         seen[resolved] = f"the path of {option}"
+
+
+def check_output(
+    path: str | Path, option: str, *, marks: Sequence[str] = (), keys: Sequence[str] | None = None
+) -> None:
+    """Refuse, in one line, an existing output that corag did not write, before anything is written.
+
+    With `marks` the output is a folder: it is ours when it is empty or holds a file matching one of
+    the marks (glob patterns of what the command writes there). Otherwise it is a file: ours when it is
+    empty or starts with a JSON object (with every one of `keys`, when given, on its first line). A
+    path of the other kind (a file where a folder goes, or the reverse) is refused likewise."""
+    path = Path(path)
+    if not path.exists():
+        return
+    folder = bool(marks)
+    if folder != path.is_dir():
+        kind = "a folder" if folder else "a file"
+        raise InputError(
+            f"{option} names {kind}, and this is not one: choose another path", file=str(path), field=option
+        )
+    if folder:
+        names = sorted(p.name for p in path.iterdir())
+        if not names or any(next(path.glob(mark), None) for mark in marks):
+            return
+        raise InputError(
+            f"the folder holds files corag did not write ({', '.join(names[:3])}"
+            f"{', ...' if len(names) > 3 else ''}): choose another {option}, or empty it",
+            file=str(path),
+            field=option,
+        )
+    with path.open("rb") as f:
+        first = f.readline(1 << 20)
+    if not first.strip() or _starts_our_record(first, keys):
+        return
+    raise InputError(
+        f"the file holds what corag did not write: choose another {option}, or remove it",
+        file=str(path),
+        field=option,
+    )
+
+
+def _starts_our_record(first_line: bytes, keys: Sequence[str] | None) -> bool:
+    if not first_line.lstrip().startswith(b"{"):
+        return False
+    if keys is None:
+        return True
+    try:
+        record = json.loads(first_line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and all(key in record for key in keys)
 
 
 WAIT_POLL_S = 5.0  # how often wait_for_file looks

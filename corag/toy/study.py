@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corag.data.jsonl import atomic_write
+from corag.data.jsonl import atomic_write, check_output
 from corag.errors import InputError
 
 # judge_headroom's counts of questions, per hop count (summed over seeds by benchmarks/toyworld.py).
@@ -338,6 +338,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
                     field=name,
                 )
     out = Path(cfg.out_dir)
+    check_output(out, "--out_dir", marks=("study.json",))
     out.mkdir(parents=True, exist_ok=True)
     check_same_study(cfg, out / "study.json")
     timings: dict[str, float] = {}
