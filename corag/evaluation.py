@@ -215,8 +215,10 @@ def read_predictions(
     for line, record in iter_jsonl(input_file(path)):
         qid = record.get("query_id")
         where = {"file": str(path), "line": line}
+        if isinstance(qid, int) and not isinstance(qid, bool):
+            qid = str(qid)  # ids are strings or integers in every file corag reads, as in KILT's
         if not isinstance(qid, str):
-            raise InputError("expected a string query id", field="query_id", **where)
+            raise InputError("expected a string or integer query id", field="query_id", **where)
         if qid in by_id:
             raise InputError("duplicate prediction", record=qid, field="query_id", **where)
         if qid in skipped:

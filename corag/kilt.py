@@ -295,7 +295,7 @@ def build_page_ids(knowledge_source: str | Path, out: str | Path, progress: bool
     duplicates = 0
     with (
         path.open("rb") as f,
-        tqdm(desc="pages", unit=" pages", disable=not progress, file=sys.stderr) as bar,
+        tqdm(desc="pages", unit=" pages", disable=None if progress else True, file=sys.stderr) as bar,
     ):
         for line_no, line in enumerate(f, start=1):
             found = _title_and_id(line, path, line_no)

@@ -633,3 +633,23 @@ def test_parse_counts_and_a_broken_metrics_file(tmp_path):
     (tmp_path / "run_a" / "metrics.json").write_text('{"em": 1.0,')
     with pytest.raises(InputError, match="run_a"):
         folder_results(tmp_path)
+
+
+def test_prediction_ids_may_be_integers_and_the_file_may_start_with_a_bom(tmp_path):
+    """One id rule (a string or an integer, as KILT's files have) and one BOM rule for every loader."""
+    questions = tmp_path / "q.jsonl"
+    write_jsonl(
+        questions, [{"id": str(i), "query": f"q{i}", "answers": [f"a{i}"], "task": "nq"} for i in (7, 8)]
+    )
+    examples = load_examples(questions)
+    preds = tmp_path / "p.jsonl"
+    lines = [
+        json.dumps({"query_id": 7, "prediction": "a7"}),
+        json.dumps({"query_id": "8", "prediction": "no"}),
+    ]
+    preds.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n")
+    got = read_predictions(preds, examples)
+    assert [r["prediction"] for r in got] == ["a7", "no"]
+    preds.write_text(json.dumps({"query_id": True, "prediction": "a7"}) + "\n")
+    with pytest.raises(InputError, match="expected a string or integer query id"):
+        read_predictions(preds, examples)

@@ -13,6 +13,7 @@ import sys
 
 from corag.config import parse_config
 from corag.data.jsonl import check_output
+from corag.models import check_model_source
 from corag.training.dataset import MANIFEST, ExamplesConfig, build
 
 
@@ -20,5 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     config = parse_config(ExamplesConfig, argv, __doc__.splitlines()[0])
     check_output(config.dataset, "--dataset", marks=(MANIFEST,))
+    if config.tokenizer:
+        check_model_source(config.tokenizer, "--tokenizer")
     print(build(config))
     return 0

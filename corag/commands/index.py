@@ -10,12 +10,15 @@ How the folders are laid out, resumed and merged: corag/retrieval/index.py.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from corag.config import parse_config
 from corag.data.corpus import Corpus
 from corag.data.jsonl import check_output
+from corag.errors import InputError
+from corag.models import check_model_source
 from corag.retrieval.dense import Encoder, resolve_model
 from corag.retrieval.index import (
     APPROX_KINDS,
@@ -81,10 +84,29 @@ class IndexConfig:
     overwrite: bool = field(default=False, metadata={"help": "delete the folder's contents first"})
 
 
+def check_passages(corpus: Corpus, source: str) -> None:
+    """A corpus of empty passages only is refused (every search would return nothing); empty ones
+    among others are counted in one warning line."""
+    empty = corpus.count_empty()
+    if empty == len(corpus):
+        raise InputError(
+            f"all {empty} passages are empty (no title, no contents): nothing to search", file=source
+        )
+    if empty:
+        print(
+            f"warning: {source}: {empty} of {len(corpus)} passages are empty; no search finds them",
+            file=sys.stderr,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_config(IndexConfig, argv, __doc__.splitlines()[0])
     check_output(args.out, "--out", marks=("manifest.json", CHUNK_DIR))  # --overwrite included
+    for name in ("chunk_size", "batch_size", "num_shards"):
+        if getattr(args, name) < 1:
+            raise InputError(f"must be 1 or more, got {getattr(args, name)}", field=f"--{name}")
     corpus = Corpus.load(args.corpus)
+    check_passages(corpus, args.corpus)
     if args.kind == "bm25":
         out = build_bm25(corpus, args.out, overwrite=args.overwrite)
         print(f"bm25 index of {len(corpus)} passages written to {out}")
@@ -95,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"adding an approximate index to the finished index in {out}")
     else:
         model, qp, pp, qmax = resolve_model(args.model)
+        check_model_source(model, "--model")
         encoder = Encoder(
             model,
             qp if args.query_prefix is None else args.query_prefix,

@@ -79,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     sampling, args, engine, limits = parse_config(CONFIGS, argv, __doc__.splitlines()[0])
     for name in ("model", "questions", "corpus", "retriever"):
         if not getattr(args, name):
-            raise SystemExit(f"corag sample: --{name} is required")
+            raise InputError("required to sample", field=f"--{name}")
     if not 0 <= args.shard < args.num_shards:
-        raise SystemExit(
-            f"corag sample: need 0 <= --shard < --num-shards, got {args.shard}/{args.num_shards}"
+        raise InputError(
+            f"need 0 <= --shard < --num-shards, got {args.shard}/{args.num_shards}", field="--shard"
         )
     for config in (sampling, engine, limits):
         config.check()

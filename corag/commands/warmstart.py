@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from corag.config import parse_config
 from corag.data.jsonl import check_output, write_jsonl
+from corag.errors import InputError
 from corag.toy.warmstart import WarmStartConfig, iter_examples
 
 
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     """`corag warmstart --out FILE --seed N --worlds W`: write warm-start examples as JSONL."""
     args = parse_config(WarmstartArgs, argv, description=main.__doc__)
     check_output(args.out, "--out", keys=("prompt", "completion"))
+    if args.worlds < 1:
+        raise InputError(f"must be 1 or more, got {args.worlds}", field="--worlds")
     config = WarmStartConfig(
         reading_per_world=args.reading_per_world,
         subquery_questions_per_world=args.subquery_questions_per_world,

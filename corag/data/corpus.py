@@ -29,7 +29,6 @@ from typing import Any, overload
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from corag.data.jsonl import (
@@ -39,6 +38,7 @@ from corag.data.jsonl import (
     dumps,
     iter_jsonl,
     locked,
+    open_parquet,
     refuse_inputs_as_outputs,
 )
 from corag.errors import InputError
@@ -222,7 +222,7 @@ def _arrow_batches(source: _Source) -> Iterator[tuple[str, pa.RecordBatch | pa.T
     """(file name, batch) of an Arrow-backed source, in row order."""
     if source.kind == "parquet":
         for f in source.files:
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS):
+            for batch in open_parquet(f).iter_batches(batch_size=_BATCH_ROWS):
                 yield str(f), batch
     elif source.kind == "arrow":
         with pa.memory_map(str(source.path), "r") as mm:
@@ -250,7 +250,7 @@ def _arrow_batches(source: _Source) -> Iterator[tuple[str, pa.RecordBatch | pa.T
 
 def _source_rows(source: _Source) -> int | None:
     if source.kind == "parquet":
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in source.files)
+        return sum(open_parquet(f).metadata.num_rows for f in source.files)
     return None
 
 
@@ -533,6 +533,18 @@ class Corpus:
         """All ids in row order."""
         return _Ids(self)
 
+    def count_empty(self, block: int = 1 << 22) -> int:
+        """Passages with neither title nor contents, counted from the stored offsets (no text read)."""
+        title, contents = (
+            np.memmap(self.store / f"{name}.offsets", "<i8", mode="r") for name in ("title", "contents")
+        )
+        empty = 0
+        for start in range(0, self._rows, block):
+            stop = min(start + block, self._rows)
+            sizes = np.diff(title[start : stop + 1]) + np.diff(contents[start : stop + 1])
+            empty += int((sizes == 0).sum())
+        return empty
+
     def _id_range(self, start: int, stop: int) -> list[str]:
         return self._id.range(start, stop) if self._id is not None else [str(r) for r in range(start, stop)]
 
@@ -644,6 +656,7 @@ def corpus_from_contexts(sources: Iterable[Example | str | Path], out: str | Pat
     context paragraphs pass through unchanged."""
     from corag.data.formats import load_examples
 
+    sources = list(sources)
     examples: list[Example] = []
     for source in sources:
         examples.extend(load_examples(source) if isinstance(source, str | Path) else [source])
@@ -655,6 +668,12 @@ def corpus_from_contexts(sources: Iterable[Example | str | Path], out: str | Pat
             if key not in ids:
                 ids[key] = str(len(ids))
                 title_ids.setdefault(p["title"], []).append(ids[key])
+    if not ids:
+        raise InputError(
+            "no context paragraphs in the questions: nothing to build a corpus of (HotpotQA, 2Wiki and "
+            "MuSiQue files carry them)",
+            file=str(next((s for s in sources if isinstance(s, str | Path)), "")) or None,
+        )
     write_corpus_jsonl(out, (Passage(i, title, text) for (title, text), i in ids.items()))
     filled = [_with_context_ids(e, ids) if e.meta.get("paragraphs") else e for e in examples]
     return ContextCorpus(Path(out), filled, ids, title_ids)

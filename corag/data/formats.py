@@ -23,13 +23,22 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from corag.data.jsonl import UniqueIds, check_fields, check_str_list, input_file, iter_jsonl
+from corag.data.jsonl import (
+    UniqueIds,
+    check_fields,
+    check_str_list,
+    input_file,
+    is_parquet,
+    iter_jsonl,
+    open_parquet,
+)
 from corag.errors import InputError
 from corag.tasks import get_task, task_from_path
 from corag.types import Example, Step
@@ -108,11 +117,9 @@ def _json_array(path: Path) -> list[Any]:
 def read_rows(path: PathLike) -> Iterator[Row]:
     """The records of a JSON array, a JSON-lines or a parquet file, whichever `path` holds."""
     path = Path(path)
-    if path.suffix.lower() == ".parquet":
-        import pyarrow.parquet as pq
-
+    if _parquet(path):
         index = 0
-        for batch in pq.ParquetFile(path).iter_batches():
+        for batch in open_parquet(path).iter_batches():
             for record in batch.to_pylist():
                 yield Row(None, index, record)
                 index += 1
@@ -404,6 +411,8 @@ def load_musique(
         aliases = check_str_list(r.get("answer_aliases") or [], "answer_aliases", **_kw(where))
         if answerable and not r["answer"].strip():
             raise InputError("empty answer", field="answer", **where)
+        if "paragraphs" in r and r["paragraphs"] is None:
+            raise InputError("null; a question-only copy leaves the key out", field="paragraphs", **where)
         paragraphs = _musique_paragraphs(r, where)
         meta: dict[str, Any] = {
             "answerable": answerable,
@@ -718,12 +727,14 @@ LOADERS: dict[str, Callable[..., list[Example]]] = {
 }
 
 
+# Where each format keeps the question (for messages).
+QUESTION_FIELD = {"jsonl": "query", "multihopqa": "query", "kilt": "input", "bamboogle": "column 0"}
+
+
 def _first_keys(path: Path) -> set[str]:
     """The keys of a file's first record (the column names of a parquet file)."""
-    if path.suffix.lower() == ".parquet":
-        import pyarrow.parquet as pq
-
-        return set(pq.read_schema(path).names)
+    if _parquet(path):
+        return set(open_parquet(path).schema_arrow.names)
     first = next(read_rows(path), None)
     return set(first.record) if first else set()
 
@@ -744,16 +755,43 @@ def format_of_keys(keys: set[str]) -> str | None:
     return None
 
 
+def _parquet(path: Path) -> bool:
+    """Parquet by its bytes; a file named .parquet that is not is refused rather than read as text."""
+    if is_parquet(path):
+        return True
+    if path.suffix.lower() == ".parquet":
+        open_parquet(path)  # raises, naming the file
+    return False
+
+
+def _sentences_unspaced(path: Path) -> bool:
+    """Whether the first records' paragraphs join their sentences with no leading space, as
+    2WikiMultihopQA's do (HotpotQA's sentences after the first start with one)."""
+    seen = 0
+    for row in itertools.islice(read_rows(path), 5):
+        for paragraph in row.record.get("context") or []:
+            sentences = paragraph[1] if isinstance(paragraph, list) and len(paragraph) == 2 else []
+            for sentence in sentences[1:]:
+                if isinstance(sentence, str) and sentence[:1].isspace():
+                    return False
+                seen += 1
+    return seen > 0
+
+
 def detect_format(path: PathLike) -> str:
-    """The format of a question file, told by the keys of its first record (Bamboogle, a CSV without a
-    header, by its suffix). InputError when no format has those keys: pass `fmt` then."""
+    """The format of a question file, told by its content: the keys of its first record, and for a
+    HotpotQA-shaped file without 2Wiki's own keys, how its sentences join. The suffix is a hint only:
+    a `.csv` that does not start as JSON is Bamboogle (a CSV without a header). InputError when no
+    format has those keys: pass `fmt` then."""
     path = input_file(path)
-    if path.suffix.lower() == ".csv":
+    if path.suffix.lower() == ".csv" and _first_char(path) not in "[{":
         return "bamboogle"
     keys = _first_keys(path)
     if not keys:
         raise InputError("no records in the file", file=str(path))
     fmt = format_of_keys(keys)
+    if fmt == "hotpotqa" and _sentences_unspaced(path):
+        fmt = "2wiki"
     if fmt is None:
         raise InputError(
             f"no known format has the keys {sorted(keys)[:8]} of the first record; pass --format one "
@@ -786,4 +824,9 @@ def load_examples(source: Any, fmt: str | None = None, **kwargs: Any) -> list[Ex
     examples = LOADERS[fmt](path, **kwargs)
     if not examples and not kwargs.get("errors"):
         raise InputError("no questions in the file", file=str(path))
+    blank = next((e for e in examples if not e.query.strip()), None)
+    if blank is not None:
+        raise InputError(
+            "empty question", file=str(path), record=blank.id, field=QUESTION_FIELD.get(fmt, "question")
+        )
     return examples

@@ -49,6 +49,23 @@ def input_file(source: str | Path) -> Path:
     return path
 
 
+def open_parquet(path: str | Path) -> Any:
+    """`pyarrow.parquet.ParquetFile` of `path`, or an InputError when its bytes are not parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"not a parquet file ({str(e).split('.')[0]})", file=str(path)) from None
+
+
+def is_parquet(path: str | Path) -> bool:
+    """Whether the file's bytes start as parquet's do (`PAR1`), whatever its name."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"PAR1"
+
+
 def decode_line(raw: bytes, path: Path, line_no: int) -> str:
     """One line of a UTF-8 file as text, or an InputError naming the line and the byte's column."""
     try:
@@ -73,6 +90,8 @@ def iter_jsonl(
             if on_bytes is not None:
                 on_bytes(len(raw))
             line = decode_line(raw, path, line_no)
+            if line_no == 1:
+                line = line.removeprefix("\ufeff")  # a UTF-8 BOM, accepted as every loader accepts it
             if not line.strip():
                 continue
             try:

@@ -142,4 +142,8 @@ class EngineSettings:
     def load(self, model: str) -> LM:
         """The LM of checkpoint `model` under these settings."""
         self.check()
+        if self.backend != "openai":  # a served model's name is the server's business
+            from corag.models import check_model_source
+
+            check_model_source(model, "--model")
         return load_lm(model, self.backend, **self.backend_kwargs())

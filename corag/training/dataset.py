@@ -348,12 +348,16 @@ def build(config: ExamplesConfig, builder: bool = True) -> Path:
         if not recorded.is_file():
             with atomic_write(recorded) as f:
                 json.dump(wanted, f, indent=1)
-        shards = _write_shards(config, work)
-        if shards == 0:
-            where = {"file": config.chains}
-            if config.min_score is None:
-                raise InputError("holds no chain", **where)
-            raise InputError(f"no chain scores {config.min_score} or more", field="min_score", **where)
+        try:
+            shards = _write_shards(config, work)
+            if shards == 0:
+                where = {"file": config.chains}
+                if config.min_score is None:
+                    raise InputError("holds no chain", **where)
+                raise InputError(f"no chain scores {config.min_score} or more", field="min_score", **where)
+        except InputError:
+            shutil.rmtree(work)  # refused inputs: nothing of this build is worth resuming
+            raise
         manifest = _finish(work, out, shards, wanted)
     logger.info(
         "%d examples of %d chains at %s: %s", manifest["examples"], manifest["chains"], out, manifest["tasks"]

@@ -80,6 +80,13 @@ def _step_doc_ids(steps: Any, n: int, rid: str, where: dict[str, Any]) -> list[l
     return out
 
 
+def _number(value: Any, field: str, rid: str, where: dict[str, Any]) -> float:
+    """A score as a float; a string, a bool or a null among numbers is refused, naming the field."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"expected a number, got {type(value).__name__}", record=rid, field=field, **where)
+    return float(value)
+
+
 def parse_chain(obj: Mapping[str, Any], *, file: str | None = None, line: int | None = None) -> ChainRecord:
     """Validate one chain record; a bad one raises InputError naming the record id and the field."""
     where: dict[str, Any] = {"file": file, "line": line}
@@ -125,7 +132,7 @@ def parse_chain(obj: Mapping[str, Any], *, file: str | None = None, line: int | 
             raise InputError(
                 "must hold one score per prefix (steps + 1)", record=rid, field="prefix_scores", **where
             )
-        prefix_scores = tuple(float(s) for s in prefix_scores)
+        prefix_scores = tuple(_number(s, "prefix_scores", rid, where) for s in prefix_scores)
     steps = tuple(
         Step(q.strip(), a.strip(), tuple(d))
         for q, a, d in zip(subqueries, subanswers, step_docs, strict=True)
@@ -137,7 +144,7 @@ def parse_chain(obj: Mapping[str, Any], *, file: str | None = None, line: int | 
         steps=steps,
         context_doc_ids=tuple(_str_list(obj, "context_doc_ids", rid, where)),
         task=str(obj.get("task") or "multihopqa"),
-        score=None if obj.get("score") is None else float(obj["score"]),
+        score=None if obj.get("score") is None else _number(obj["score"], "score", rid, where),
         prefix_scores=prefix_scores,
     )
 

@@ -399,6 +399,46 @@ def test_the_format_comes_from_the_keys_not_the_name(shared_data, tmp_path):
     assert {e.task for e in load_examples(kilt_copy)} == {"kilt_hotpotqa"}
 
 
+def test_the_content_decides_where_the_suffix_misleads(shared_data, loaded, tmp_path):
+    """JSON named .csv is read as JSON, not as Bamboogle; a .parquet whose bytes are not parquet is
+    refused in one line; parquet bytes under another name are read as parquet."""
+    json_csv = tmp_path / "bamboogle.csv"
+    json_csv.write_bytes((shared_data / HOTPOT).read_bytes())
+    assert detect_format(json_csv) == "hotpotqa"
+    assert [e.query for e in load_examples(json_csv)] == [e.query for e in loaded[HOTPOT]]
+    fake = tmp_path / "q.parquet"
+    fake.write_text("id,question\n")
+    with pytest.raises(InputError, match="not a parquet file") as err:
+        load_examples(fake)
+    assert err.value.file == str(fake)
+    table = pa.Table.from_pylist([{"id": "a", "query": "who?", "answers": ["x"], "task": "nq"}])
+    hidden = tmp_path / "q.data"
+    pq.write_table(table, hidden)
+    assert [e.id for e in load_examples(hidden)] == ["a"]
+
+
+def test_2wiki_with_only_its_core_keys_is_2wiki_with_spaced_sentences(shared_data, loaded, tmp_path):
+    """Without `evidences`, `entity_ids` and the other 2Wiki-only keys a 2Wiki file has HotpotQA's keys;
+    its sentences, which carry no leading space as HotpotQA's do, tell it apart."""
+    core = [
+        {k: r[k] for k in ("_id", "question", "context", "supporting_facts", "answer")}
+        for r in json.loads((shared_data / TWOWIKI).read_text())
+    ]
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(core))
+    assert detect_format(path) == "2wiki"
+    got, want = load_examples(path), loaded[TWOWIKI]
+    assert [e.task for e in got] == [e.task for e in want]
+    assert [p["text"] for p in got[0].meta["paragraphs"]] == [p["text"] for p in want[0].meta["paragraphs"]]
+    assert ". " in got[0].meta["paragraphs"][0]["text"]
+
+
+def test_a_byte_order_mark_is_read_past_in_every_jsonl(shared_data, loaded, tmp_path):
+    bom = tmp_path / "kilt_hotpotqa-dev.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + (shared_data / KILT).read_bytes())
+    assert [e.id for e in load_examples(bom)] == [e.id for e in loaded[KILT]]
+
+
 def test_2wiki_aliases_with_demonyms_and_an_empty_alias(shared_data, tmp_path):
     """The official script's gold set: {answer} | aliases | demonyms, an empty alias kept."""
     records = json.loads((shared_data / TWOWIKI).read_text(encoding="utf-8"))
