@@ -152,6 +152,23 @@ def done_ids(path: Path) -> set[str]:
     return ids
 
 
+def check_resume(path: Path, questions: Sequence[Example], data: str) -> set[str]:
+    """`done_ids` of a resume file, which must answer questions of `data` only: a file left by a run
+    over other data is refused, before any model loads, rather than mixed with this run's answers."""
+    done = done_ids(path)
+    known = {e.id for e in questions}
+    foreign = sorted(done - known)
+    if foreign:
+        raise InputError(
+            f"holds predictions for {len(foreign)} question(s) that {data} does not have (first "
+            f"{foreign[0]!r}): a run over other data; choose another output",
+            file=str(path),
+            record=foreign[0],
+            field="query_id",
+        )
+    return done
+
+
 def run_method(
     run: Run,
     examples: Sequence[Example],

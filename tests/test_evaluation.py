@@ -90,7 +90,7 @@ def test_scores_recall_and_hops_on_a_hand_built_case():
             "predictions",
             "string",
         ),
-        ([{"query_id": 1, "predictions": "x"}], "query_id", "string query id"),
+        ([{"query_id": None, "predictions": "x"}], "query_id", "string or integer query id"),
         ([{"query_id": "q9", "predictions": "x"}], "query_id", "not in the dataset"),
         ([{"query_id": "q1", "predictions": "x", "usage": {"total_tokens": "many"}}], "usage", "integer"),
     ],

@@ -21,6 +21,8 @@ from corag.config import parse_config
 from corag.data.jsonl import check_output
 from corag.evaluation import (
     RULE_CHOICES,
+    Run,
+    check_resume,
     eval_task,
     folder_results,
     official_strategy,
@@ -73,6 +75,11 @@ class EvaluateArgs:
 CONFIGS = (QuestionsArgs, DecodingArgs, EvaluateArgs, EngineSettings, GenerationLimits)
 
 
+def run_folder(out_dir: Path, run: Run) -> Path:
+    """Where a run writes: its name, as a folder name."""
+    return out_dir / run.name.replace(":", "_").replace("=", "")
+
+
 def main(argv: list[str] | None = None) -> int:
     configs = parse_config(
         CONFIGS,
@@ -121,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"final-answer documents: the data's context_doc_ids for {given} of {len(examples)} question(s)"
         )
+    for run in runs:  # resume files of another dataset: refused before the model loads
+        check_resume(run_folder(out_dir, run) / "predictions.jsonl", loaded, questions.data)
     lm, retriever = decoding.load(engine)
     extra: dict[str, Any] = {}
     if args.demonstrations:
@@ -130,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     pages = page_lookup(corpus, title_ids)
     for run in runs:
         run_started = time.perf_counter()
-        folder = out_dir / run.name.replace(":", "_").replace("=", "")
+        folder = run_folder(out_dir, run)
         method_extra = extra if run.method in ("ircot", "one_step", "no_retrieval") else {}
         if run.method in STRATEGIES:
             method_extra = {"final_docs": decoding.final_docs, "limits": limits}

@@ -18,7 +18,7 @@ from corag.config import parse_config
 from corag.data.jsonl import check_output, refuse_inputs_as_outputs
 from corag.decoding import STRATEGIES, get_strategy
 from corag.errors import InputError
-from corag.evaluation import Run, done_ids, read_predictions, run_method, write_official_files
+from corag.evaluation import Run, check_resume, read_predictions, run_method, write_official_files
 from corag.lm.settings import EngineSettings
 from corag.tasks import split_from_path
 
@@ -73,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     from corag.data.corpus import Corpus
     from corag.retrieval import check_corpus
 
-    _, examples = questions.load()
+    loaded, examples = questions.load()
     check_unique_ids(examples, questions.data)
     out = Path(args.out)
-    done = done_ids(out)
+    done = check_resume(out, loaded, questions.data)
     todo = [ex for ex in examples if ex.id not in done]
     print(f"{len(examples) - len(todo)} of {len(examples)} questions already in {out}; {len(todo)} to go")
     run = args.run()
