@@ -17,14 +17,12 @@ no entity of a test question (seed, intermediate or answer) appears in any train
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corag.data.jsonl import write_jsonl
 from corag.types import Example, Passage, Step
 
 NAME_POOL_SEED = 1_000_003  # fixed: every world draws names from the same pool
@@ -175,12 +173,12 @@ class ToyWorld:
         """Write corpus.jsonl, train.jsonl, test.jsonl and single_hop.jsonl (byte-identical per seed)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        _write_jsonl(
+        write_jsonl(
             out / "corpus.jsonl",
             ({"id": p.id, "title": p.title, "contents": p.contents} for p in self.passages),
         )
         for name, examples in (("train", self.train), ("test", self.test), ("single_hop", self.single_hop)):
-            _write_jsonl(out / f"{name}.jsonl", (example_record(ex) for ex in examples))
+            write_jsonl(out / f"{name}.jsonl", (example_record(ex) for ex in examples))
         return out
 
 
@@ -199,19 +197,6 @@ def example_record(ex: Example) -> dict:
         ],
         "meta": dict(ex.meta),
     }
-
-
-def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
-    """Write atomically: a temporary file in the same folder, renamed when complete."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _kind_counts(n: int) -> dict[str, int]:
