@@ -182,6 +182,14 @@ def test_kilt_page_metrics_count_every_question_and_cite_what_the_submission_cit
     assert summary["Rprec_question"] == pytest.approx(25.0)
     assert summary["KILT-em"] == pytest.approx(25.0) and summary["KILT-accuracy"] == pytest.approx(25.0)
     assert summary["page_recall@5_question"] == pytest.approx(25.0)
+    # Every record with gold provenance (q3 left out): Rprec = KILT-EM = 1/3.
+    kept = [0, 1, 3]
+    summary = score_records(
+        [examples[i] for i in kept], [records[i] for i in kept], pages=lambda ids: [page_of[i] for i in ids]
+    )
+    assert summary["Rprec_question"] == pytest.approx(100 / 3) and summary["KILT-em"] == pytest.approx(
+        100 / 3
+    )
 
 
 def test_kilt_submission_from_predictions_validates(shared_data, tmp_path):
