@@ -72,11 +72,20 @@ def _settings(encoder: Encoder, corpus: Corpus, dtype: str, source: dict) -> dic
     }
 
 
+def _replaced(out: Path) -> Path:
+    """Where an index that --overwrite replaces waits until the new one is complete."""
+    return out.with_name(f".{out.name}.replaced")
+
+
 def _start(out: Path, settings: dict, overwrite: bool) -> Path:
     """Create (or reuse) the folder for a build with `settings`; a folder holding another build's
-    chunks must not be mixed with this one."""
+    chunks must not be mixed with this one. With `overwrite` the old index is moved aside, and removed
+    only once the new one is complete (`_finish`); a rebuild interrupted again keeps the same old one."""
     if overwrite and out.exists():
-        shutil.rmtree(out)
+        if _replaced(out).exists():  # an earlier rebuild's unfinished folder
+            shutil.rmtree(out)
+        else:
+            out.rename(_replaced(out))
     chunks = out / CHUNK_DIR
     chunks.mkdir(parents=True, exist_ok=True)
     for tmp in chunks.glob(".tmp-*"):  # left by a killed run
@@ -214,6 +223,7 @@ def _finish(out: Path, manifest: dict, files: list[dict], corpus: Corpus) -> Pat
     final = {**manifest, "chunks": files, "corpus": corpus.fingerprint()}
     final.update(ids_are_rows=corpus.ids_are_rows, corpus_sources=_corpus_sources(corpus), complete=True)
     write_json(out / "manifest.json", final)
+    shutil.rmtree(_replaced(out), ignore_errors=True)
     return out
 
 

@@ -133,7 +133,7 @@ def test_check_str_list_and_unique_ids():
 
 def test_recovery_drops_a_last_line_cut_inside_a_character_and_reads_past_a_bom(tmp_path):
     path = tmp_path / "p.jsonl"
-    whole = '{"query_id": "a"}\n'.encode()
+    whole = b'{"query_id": "a"}\n'
     path.write_bytes(b"\xef\xbb\xbf" + whole + '{"query_id": "é'.encode()[:-1])  # cut inside "é"
     records, dropped = recover_jsonl(path)
     assert records == [{"query_id": "a"}] and dropped == 1

@@ -143,7 +143,7 @@ def test_rows_as_ids_need_no_id_file(encoder, tmp_path):
     assert sorted(h.doc_id for h in hits) == ["0", "1", "2", "3", "4"]
 
 
-def test_resume_refuses_other_settings_or_a_changed_corpus(encoder, tmp_path):
+def test_resume_refuses_other_settings_or_a_changed_corpus(encoder, tmp_path, monkeypatch):
     passages = [Passage(str(i), f"T{i}", f"contents {i}") for i in range(6)]
     write_corpus_jsonl(tmp_path / "a.jsonl", passages)
     out = build_dense(Corpus.load(tmp_path / "a.jsonl"), tmp_path / "idx", encoder, chunk_size=4)
@@ -155,9 +155,20 @@ def test_resume_refuses_other_settings_or_a_changed_corpus(encoder, tmp_path):
     write_corpus_jsonl(tmp_path / "b.jsonl", changed)
     with pytest.raises(InputError, match="chunk 1"):
         build_dense(Corpus.load(tmp_path / "b.jsonl"), out, encoder, chunk_size=4)
-    # --overwrite starts afresh
+    # --overwrite starts afresh, and keeps the old index until the new one is complete
+    old_manifest = (out / "manifest.json").read_bytes()
+
+    def fails(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(encoder, "encode_passages", fails)
+    with pytest.raises(KeyboardInterrupt):
+        build_dense(Corpus.load(tmp_path / "b.jsonl"), out, encoder, chunk_size=4, overwrite=True)
+    monkeypatch.undo()
+    assert (tmp_path / ".idx.replaced" / "manifest.json").read_bytes() == old_manifest
     build_dense(Corpus.load(tmp_path / "b.jsonl"), out, encoder, chunk_size=4, overwrite=True)
     assert load_retriever(out, device="cpu").search(["edited contents"], 1)[0][0].doc_id == "5"
+    assert not (tmp_path / ".idx.replaced").exists()
 
 
 def test_sharded_encode_merged_equals_one_process(corpus_file, encoder, tmp_path):
