@@ -81,7 +81,10 @@ class IndexConfig:
     ef_search: int = field(default=128, metadata={"help": "HNSW search depth"})
     rerank: int = field(default=100, metadata={"help": "candidates re-scored exactly (0: none)"})
     train_size: int = field(default=200_000, metadata={"help": "vectors used to train IVF / PQ"})
-    overwrite: bool = field(default=False, metadata={"help": "delete the folder's contents first"})
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "build afresh; the old index is kept aside until the new one is complete"},
+    )
 
 
 def check_passages(corpus: Corpus, source: str) -> None:
