@@ -76,6 +76,9 @@ class Context:
         self.retriever = retriever
         self.meter = meter or Meter()
         self._submit = submit  # set by the asyncio executor; None: stepped
+        # Set to a list to keep every generation of this question as (request, completion), in call order
+        # (the RL rollout trains on them); None keeps nothing.
+        self.trace: list[tuple[GenerationRequest, Completion]] | None = None
 
     async def _call(self, op: _Op) -> Any:
         if self._submit is None:
@@ -96,6 +99,8 @@ class Context:
         finally:  # also when the call is cancelled by a failing sibling in a gather
             self.meter.pending -= worst
         self.meter.charge(completion.usage)
+        if self.trace is not None:
+            self.trace.append((request, completion))
         return completion
 
     async def score(self, request: ScoreRequest, *, final: bool = False) -> Score:
