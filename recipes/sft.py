@@ -110,9 +110,9 @@ def parse_args(
     return data_args, recipe_args, sft_args, model_args
 
 
-def fail(message: str) -> NoReturn:
+def fail(message: str, prog: str = "recipes/sft.py") -> NoReturn:
     """A bad config or flag: one line on stderr, exit status 2 (as argparse does)."""
-    print(f"recipes/sft.py: error: {' '.join(message.split())}", file=sys.stderr)
+    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
     raise SystemExit(2)
 
 

@@ -35,6 +35,8 @@ from corag.training.examples import tokenize_example
 from corag.training.rollout import Chain, RolloutConfig, chain_pairs, rollout
 from corag.types import Example
 
+SCALES = ("group", "true", "none", "false")  # trl's scale_rewards values this trainer implements
+
 
 def questions_dataset(questions: Sequence[Example]) -> Dataset:
     """The training questions as trl wants them: a `prompt` column (the question) and its id."""
@@ -69,6 +71,17 @@ def check_whole_groups(per_device_batch: int, steps_per_generation: int, num_gen
         )
 
 
+def check_trainer_settings(args: Any) -> None:
+    """The GRPOConfig settings this trainer implements, refused in one line otherwise."""
+    if args.num_iterations != 1:
+        raise InputError("chains are sampled for one pass over them; set 1", field="num_iterations")
+    if args.use_vllm:
+        raise InputError("chain rollouts run on the transformers backend; set false", field="use_vllm")
+    if str(args.scale_rewards).lower() not in SCALES:
+        raise InputError(f"advantages are scaled per group or not at all: {SCALES}", field="scale_rewards")
+    check_whole_groups(args.per_device_train_batch_size, args.steps_per_generation, args.num_generations)
+
+
 class ChainGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose rollouts are CoRAG chains (see the module's docstring)."""
 
@@ -84,18 +97,11 @@ class ChainGRPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ) -> None:
         rollout_config.check()
+        check_trainer_settings(kwargs["args"])
         self.questions = {q.id: q for q in questions}
         self.corpus, self.retriever, self.rollout_config = corpus, retriever, rollout_config
         self.limits, self.lm_kwargs = limits, dict(lm_kwargs or {})
         super().__init__(reward_funcs=rollout_reward, train_dataset=questions_dataset(questions), **kwargs)
-        args = self.args
-        if self.num_iterations != 1:
-            raise InputError("chains are sampled for one pass over them; set 1", field="num_iterations")
-        check_whole_groups(args.per_device_train_batch_size, args.steps_per_generation, self.num_generations)
-        if self.use_vllm:
-            raise InputError(
-                "chain rollouts run on the transformers backend here; set false", field="use_vllm"
-            )
 
     # -- rollout -------------------------------------------------------------------------------------
 
@@ -112,7 +118,9 @@ class ChainGRPOTrainer(GRPOTrainer):
                     self.corpus,
                     self.rollout_config,
                     group_size=self.num_generations,
+                    temperature=self.args.temperature,
                     key=f"step-{self.state.global_step}",
+                    scale=str(self.args.scale_rewards).lower() in ("group", "true"),
                     limits=self.limits,
                 )
         finally:

@@ -8,7 +8,7 @@ greedy over the top-5 documents, then the final answer over the question's top-2
   or the mean log-likelihood of the first gold answer given the chain (rejection sampling's score, call
   C without documents); minus `token_cost` per 1,000 tokens the chain's calls were metered.
 - **Advantage**: group-normalised, (r - mean) / (std + 1e-4) over the question's G chains (std as
-  torch.std, unbiased), or only centred with `scale_rewards` off. A group whose rewards are all equal
+  torch.std, unbiased), or only centred (trl's scale_rewards "none"). A group whose rewards are all equal
   has advantage 0 everywhere: it teaches nothing.
 - **Pairs**: every generation the chain made (each sub-query call, each sub-answer call, the final
   answer; a sub-query asked again after a repeat too) becomes a prompt/completion pair with the exact
@@ -45,26 +45,21 @@ ADVANTAGE_EPS = 1e-4
 
 @dataclass
 class RolloutConfig:
-    """How a group of chains is sampled and rewarded."""
+    """How each chain of a group is grown and rewarded (the group's size, the sampling temperature and
+    the advantage scaling are the trainer's: trl's num_generations, temperature and scale_rewards)."""
 
-    max_steps: int = field(default=6, metadata={"help": "longest chain (L)"})
-    temperature: float = field(default=0.7, metadata={"help": "sub-query sampling temperature"})
+    max_chain_length: int = field(default=6, metadata={"help": "longest chain (L)"})
     docs: int = field(default=FINAL_NUM_DOCS, metadata={"help": "documents of the final answer (call C)"})
     reward: str = field(default="f1", metadata={"help": f"one of {REWARDS}"})
     token_cost: float = field(
         default=0.0, metadata={"help": "subtracted from the reward per 1,000 metered tokens of the chain"}
     )
-    scale_rewards: bool = field(
-        default=True, metadata={"help": "divide advantages by the group's standard deviation"}
-    )
 
     def check(self) -> None:
-        if self.max_steps < 0:
-            raise InputError(f"must be 0 or more, got {self.max_steps}", field="max_steps")
+        if self.max_chain_length < 0:
+            raise InputError(f"must be 0 or more, got {self.max_chain_length}", field="max_chain_length")
         if self.reward not in REWARDS:
             raise InputError(f"unknown reward {self.reward!r}; choose one of {REWARDS}", field="reward")
-        if self.temperature <= 0:
-            raise InputError(f"chains of a group need sampling, got {self.temperature}", field="temperature")
 
 
 @dataclass
@@ -84,13 +79,14 @@ async def rollout_chain(
     *,
     chain: str,
     config: RolloutConfig,
+    temperature: float,
     limits: GenerationLimits | None = None,
 ) -> Chain:
     """One chain of the policy for one question, every generation kept (`ctx.trace`)."""
     ctx.trace = []
     question = await open_question(ctx, example, corpus, docs=config.docs, limits=limits)
     steps = await sample_chain(
-        ctx, question, max_steps=config.max_steps, temperature=config.temperature, chain=chain
+        ctx, question, max_steps=config.max_chain_length, temperature=temperature, chain=chain
     )
     result = await finish(ctx, question, example, "rollout", steps, {"chain": chain})
     trace, ctx.trace = ctx.trace, None  # the reward's scoring below is not a generation of the chain
@@ -122,10 +118,13 @@ def rollout(
     config: RolloutConfig,
     *,
     group_size: int,
+    temperature: float,
     key: str,
+    scale: bool = True,
     limits: GenerationLimits | None = None,
 ) -> list[list[Chain]]:
-    """`group_size` chains for each question, rewarded, with group advantages; groups in question order.
+    """`group_size` chains for each question, sub-queries sampled at `temperature`, rewarded, with group
+    advantages (scaled by the group's spread with `scale`); groups in question order.
 
     `key` (a training step, say) goes into every sampling seed: the same key samples the same chains,
     another key other chains.
@@ -133,8 +132,18 @@ def rollout(
     config.check()
     if group_size < 2:
         raise InputError(f"a group needs at least 2 chains, got {group_size}", field="num_generations")
+    if temperature <= 0:
+        raise InputError(f"the chains of a group are sampled, got {temperature}", field="temperature")
     coros = [
-        rollout_chain(executor.context(), example, corpus, chain=f"{key}/{g}", config=config, limits=limits)
+        rollout_chain(
+            executor.context(),
+            example,
+            corpus,
+            chain=f"{key}/{g}",
+            config=config,
+            temperature=temperature,
+            limits=limits,
+        )  # fmt: skip
         for example in examples
         for g in range(group_size)
     ]
@@ -143,7 +152,7 @@ def rollout(
     for group in groups:
         for chain in group:
             chain.reward = chain_reward(chain.result, config)
-        advantages = group_advantages([c.reward for c in group], config.scale_rewards)
+        advantages = group_advantages([c.reward for c in group], scale)
         for chain, advantage in zip(group, advantages, strict=True):
             chain.advantage = advantage
     return groups

@@ -72,6 +72,7 @@ def make(
         bf16=False,
         use_cpu=True,
         seed=0,
+        temperature=0.7,
         **args,
     )
     return Recording(
@@ -83,7 +84,7 @@ def make(
         corpus=corpus,
         retriever=retriever,
         rollout_config=RolloutConfig(
-            max_steps=1, token_cost=0.5, docs=docs
+            max_chain_length=1, token_cost=0.5, docs=docs
         ),  # rewards differ by the tokens spent
         limits=limits,
         callbacks=[StopAfter(stop_after)] if stop_after else None,

@@ -28,14 +28,15 @@ def setup(short_model_dir, toy_world, toy_dir):
     return lm, corpus, BM25Retriever.from_passages(toy_world.passages), toy_world.train[:4]
 
 
-def run(setup, key="step-0", **config):
+def run(setup, key="step-0", temperature=0.7, **config):
     lm, corpus, retriever, questions = setup
     return rollout(
         Executor(lm, retriever),
         questions,
         corpus,
-        RolloutConfig(max_steps=2, **config),
+        RolloutConfig(max_chain_length=2, **config),
         group_size=G,
+        temperature=temperature,
         key=key,
     )
 
@@ -115,7 +116,7 @@ def test_group_advantages_by_hand():
     high = 0.5 / (math.sqrt(1 / 3) + 1e-4)
     assert a == pytest.approx([high, -high, -high, high])
     assert group_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
-    assert group_advantages([2.0, 0.0], scale=False) == [1.0, -1.0]
+    assert group_advantages([2.0, 0.0], scale=False) == [1.0, -1.0]  # trl's scale_rewards "none"
 
 
 def test_the_same_key_samples_the_same_chains_and_another_key_others(setup, groups):
@@ -142,4 +143,6 @@ def test_bad_settings_are_refused(setup):
         run(setup, temperature=0.0)
     lm, corpus, retriever, questions = setup
     with pytest.raises(InputError, match="at least 2"):
-        rollout(Executor(lm, retriever), questions, corpus, RolloutConfig(), group_size=1, key="k")
+        rollout(
+            Executor(lm, retriever), questions, corpus, RolloutConfig(), group_size=1, temperature=1, key="k"
+        )
