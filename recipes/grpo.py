@@ -18,11 +18,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig, ModelConfig, get_peft_config
@@ -40,8 +41,8 @@ logger = logging.getLogger("corag.grpo")
 
 
 @dataclass
-class QuestionsConfig:
-    """The training questions, the documents and where to search them."""
+class RecipeArguments:
+    """The training questions, the documents and where to search them, and a wall-time limit."""
 
     questions: str | None = field(
         default=None, metadata={"help": "training questions (any format corag reads; gold answers needed)"}
@@ -52,9 +53,26 @@ class QuestionsConfig:
     )
     task: str | None = field(default=None, metadata={"help": "task of the questions (default: their own)"})
     limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
+    time_limit_minutes: float | None = field(
+        default=None,
+        metadata={"help": "stop (and save) after the step that passes this many minutes of training"},
+    )
 
 
-CONFIGS = (QuestionsConfig, RolloutConfig, GenerationLimits, GRPOConfig, ModelConfig)
+CONFIGS = (RecipeArguments, RolloutConfig, GenerationLimits, GRPOConfig, ModelConfig)
+
+
+class TimeLimit(TrainerCallback):
+    """Ends training after the step during which `minutes` of wall time passed; the model is saved."""
+
+    def __init__(self, minutes: float) -> None:
+        self.seconds, self.start = minutes * 60, time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 (transformers' callback signature)
+        if time.monotonic() - self.start >= self.seconds:
+            logger.info("time limit reached after step %d", state.global_step)
+            control.should_training_stop = True
+        return control
 
 
 def parse_args(argv: list[str] | None = None) -> tuple:
@@ -140,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         retriever=retriever,
         rollout_config=rollout,
         limits=limits,
+        callbacks=[TimeLimit(data.time_limit_minutes)] if data.time_limit_minutes else None,
     )
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.log_metrics("train", result.metrics)

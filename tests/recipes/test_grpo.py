@@ -70,3 +70,11 @@ def test_bad_settings_are_one_line(short_model_dir, paths, tmp_path, capsys, ext
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("recipes/grpo.py: error:") and field in err[-1]
+
+
+def test_a_time_limit_ends_training_after_the_step_that_passes_it(short_model_dir, paths, tmp_path):
+    out = tmp_path / "grpo"
+    assert load_recipe().main(flags(short_model_dir, out, paths, "--time_limit_minutes", "0.0001")) == 0
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 1  # of max_steps 2
+    AutoModelForCausalLM.from_pretrained(out)

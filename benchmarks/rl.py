@@ -1,0 +1,120 @@
+"""Beyond one round of rejection sampling, on the toy world from the shipped warm model.
+
+For each seed (a target world of the quickstart's sizes, also the sampling and fine-tuning seed):
+1. **SFT alone**: the quickstart's study (corag/toy/study.py): world, MiniLM index, rejection sampling with
+   the warm model (300 training questions, 4 chains, L <= 3), SFT (configs/sft/toy.yaml).
+2. **+1 round of rejection sampling**: the same questions sampled again by the SFT model, SFT again from
+   it on the new chains (the round's wall time is measured).
+3. **GRPO of the same wall time**: recipes/grpo.py from the SFT model (configs/grpo/toy.yaml) on the same
+   training questions, stopped after the step that passes that wall time.
+Each model answers the same held-out questions (50 2-hop, 50 3-hop) with greedy L=3; the table gives EM by
+hops and tokens per question, and GRPO's training reward in its first and last tenth of steps.
+
+    python benchmarks/rl.py [--seeds 0 1 2] [--out runs/bench-rl]
+
+Stages already done in --out are reused. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EVAL = "greedy:L=3"
+
+
+def run_seed(seed: int, out: Path) -> dict:
+    from corag.config import load_yaml
+    from corag.data.corpus import Corpus
+    from corag.lm import load_lm
+    from corag.retrieval import load_retriever
+    from corag.sampling import SamplingConfig, run_sampling
+    from corag.toy.quickstart import CONFIG, WARM
+    from corag.toy.study import StudyConfig, compute_dtype, evaluate_all, run_study, train
+    from corag.toy.world import generate_world
+
+    settings = {k: v for k, v in load_yaml(CONFIG).items() if k in StudyConfig.__dataclass_fields__}
+    cfg = StudyConfig(**settings)
+    cfg = replace(
+        cfg, seed=seed, out_dir=str(out), warm_dir=str(WARM), evals=[f"sft=corag@{EVAL}"],
+        recipe=str(REPO / "recipes/sft.py"), sft_config=str(REPO / cfg.sft_config),
+    )  # fmt: skip
+    run_study(cfg)  # 1. SFT alone (resumes a finished study)
+    world = generate_world(
+        seed=cfg.seed, num_entities=cfg.num_entities, num_distractors=cfg.num_distractors,
+        train_per_hop=cfg.train_per_hop, test_per_hop=cfg.test_per_hop,
+    )  # fmt: skip
+    corpus_file, index = out / "world" / "corpus.jsonl", out / "index"
+    corpus, retriever = Corpus.load(corpus_file), load_retriever(index)
+    sft, round2, grpo = out / "models" / "corag", out / "models" / "round2", out / "models" / "grpo"
+    timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").exists() else {}
+
+    # 2. One more round: the SFT model samples the same questions, then SFT from it on its own chains.
+    if not (round2 / "config.json").exists():
+        start = time.perf_counter()
+        chains, partial = out / "chains-round2.jsonl", out / "chains-round2.partial.jsonl"
+        if not chains.exists():
+            config = SamplingConfig(num_chains=cfg.num_chains, max_length=cfg.max_length, seed=cfg.seed)
+            lm = load_lm(sft, dtype=compute_dtype(cfg.dtype))
+            run_sampling(world.train[: cfg.sample_questions], corpus, lm, retriever, config, partial)
+            partial.rename(chains)
+        data = {"corpus": str(corpus_file), "index": str(index), "chains": str(chains)}
+        train(cfg.recipe, cfg.sft_config, sft, round2, data, [f"--seed={cfg.seed}", "--bf16", "false"])
+        timings["round2_s"] = round(time.perf_counter() - start, 1)
+        (out / "timings.json").write_text(json.dumps(timings))
+
+    # 3. GRPO from the SFT model for the round's wall time.
+    if not (grpo / "config.json").exists():
+        questions = out / "world" / "train.jsonl"
+        args = [
+            sys.executable, str(REPO / "recipes/grpo.py"), "--config", str(REPO / "configs/grpo/toy.yaml"),
+            "--model_name_or_path", str(sft), "--output_dir", str(grpo), "--questions", str(questions),
+            "--limit", str(cfg.sample_questions), "--corpus", str(corpus_file), "--retriever", str(index),
+            "--max_steps", "100000", "--save_strategy", "no", "--logging_steps", "1", "--seed", str(seed),
+            "--time_limit_minutes", str(timings["round2_s"] / 60),
+        ]  # fmt: skip
+        start = time.perf_counter()
+        subprocess.run(args, check=True)
+        timings["grpo_s"] = round(time.perf_counter() - start, 1)
+        (out / "timings.json").write_text(json.dumps(timings))
+
+    cfg = replace(cfg, evals=[f"sft=sft@{EVAL}", f"round2=round2@{EVAL}", f"grpo=grpo@{EVAL}"])
+    results = evaluate_all(cfg, out, {"sft": sft, "round2": round2, "grpo": grpo}, world, corpus, retriever, {})
+    rewards = [row["reward"] for row in json.loads((grpo / "trainer_state.json").read_text())["log_history"]
+               if "reward" in row]  # fmt: skip
+    tenth = max(1, len(rewards) // 10)
+    row = {
+        name: {k: results[name][k] for k in ("em_2hop", "em_3hop", "tokens_per_question")}
+        for name in ("sft", "round2", "grpo")
+    }
+    row["grpo_steps"] = len(rewards)
+    row["grpo_reward_first_tenth"] = round(statistics.fmean(rewards[:tenth]), 4)
+    row["grpo_reward_last_tenth"] = round(statistics.fmean(rewards[-tenth:]), 4)
+    row["wall_s"] = {"round2": timings["round2_s"], "grpo": timings["grpo_s"]}
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", default="runs/bench-rl")
+    args = parser.parse_args()
+    seeds = {seed: run_seed(seed, Path(args.out) / f"seed{seed}") for seed in args.seeds}
+    means = {
+        name: {k: round(statistics.fmean(s[name][k] for s in seeds.values()), 2) for k in seeds[args.seeds[0]][name]}
+        for name in ("sft", "round2", "grpo")
+    }
+    for seed, row in seeds.items():
+        print(f"seed {seed}: {json.dumps(row)}")
+    print(json.dumps({"seeds": seeds, "mean": means}))
+
+
+if __name__ == "__main__":
+    main()
