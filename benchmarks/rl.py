@@ -86,7 +86,9 @@ def run_seed(seed: int, out: Path) -> dict:
         (out / "timings.json").write_text(json.dumps(timings))
 
     cfg = replace(cfg, evals=[f"sft=sft@{EVAL}", f"round2=round2@{EVAL}", f"grpo=grpo@{EVAL}"])
-    results = evaluate_all(cfg, out, {"sft": sft, "round2": round2, "grpo": grpo}, world, corpus, retriever, {})
+    results = evaluate_all(
+        cfg, out, {"sft": sft, "round2": round2, "grpo": grpo}, world, corpus, retriever, {}
+    )
     rewards = [row["reward"] for row in json.loads((grpo / "trainer_state.json").read_text())["log_history"]
                if "reward" in row]  # fmt: skip
     tenth = max(1, len(rewards) // 10)
@@ -108,7 +110,10 @@ def main() -> None:
     args = parser.parse_args()
     seeds = {seed: run_seed(seed, Path(args.out) / f"seed{seed}") for seed in args.seeds}
     means = {
-        name: {k: round(statistics.fmean(s[name][k] for s in seeds.values()), 2) for k in seeds[args.seeds[0]][name]}
+        name: {
+            k: round(statistics.fmean(s[name][k] for s in seeds.values()), 2)
+            for k in seeds[args.seeds[0]][name]
+        }
         for name in ("sft", "round2", "grpo")
     }
     for seed, row in seeds.items():

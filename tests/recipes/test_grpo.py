@@ -78,3 +78,18 @@ def test_a_time_limit_ends_training_after_the_step_that_passes_it(short_model_di
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 1  # of max_steps 2
     AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_the_readme_command_parses():
+    import re
+    import shlex
+
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    (words,) = [shlex.split(line) for line in lines if "recipes/grpo.py" in line]
+    args = words[words.index("recipes/grpo.py") + 1 :]
+    data, rollout, _, grpo, model = load_recipe().parse_args(args)
+    assert (data.questions, model.model_name_or_path, grpo.num_generations) == (
+        "runs/quickstart/world/train.jsonl", "runs/quickstart/models/corag", 4,
+    )  # fmt: skip
+    assert rollout.reward == "f1"
