@@ -33,11 +33,12 @@ EVAL = "greedy:L=3"
 def run_seed(seed: int, out: Path) -> dict:
     from corag.config import load_yaml
     from corag.data.corpus import Corpus
+    from corag.iterate import run_recipe
     from corag.lm import load_lm
     from corag.retrieval import load_retriever
     from corag.sampling import SamplingConfig, run_sampling
     from corag.toy.quickstart import CONFIG, WARM
-    from corag.toy.study import StudyConfig, compute_dtype, evaluate_all, run_study, train
+    from corag.toy.study import StudyConfig, compute_dtype, evaluate_all, run_study
     from corag.toy.world import generate_world
 
     settings = {k: v for k, v in load_yaml(CONFIG).items() if k in StudyConfig.__dataclass_fields__}
@@ -66,7 +67,7 @@ def run_seed(seed: int, out: Path) -> dict:
             run_sampling(world.train[: cfg.sample_questions], corpus, lm, retriever, config, partial)
             partial.rename(chains)
         data = {"corpus": str(corpus_file), "index": str(index), "chains": str(chains)}
-        train(cfg.recipe, cfg.sft_config, sft, round2, data, [f"--seed={cfg.seed}", "--bf16", "false"])
+        run_recipe(cfg.recipe, cfg.sft_config, sft, round2, data, [f"--seed={cfg.seed}", "--bf16", "false"])
         timings["round2_s"] = round(time.perf_counter() - start, 1)
         (out / "timings.json").write_text(json.dumps(timings))
 

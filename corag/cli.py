@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "corag.commands.build_examples:main",
         "turn chains into the SFT examples dataset (Arrow), once",
     ),
+    "iterate": (
+        "corag.commands.iterate:main",
+        "iterated rejection sampling: rounds of sample, train and evaluate, each round's model sampling the next",
+    ),
     "evaluate": ("corag.commands.evaluate:main", "evaluate predictions or a checkpoint (also evaluation/)"),
     "results": ("corag.commands.results:main", "one table over evaluations of several datasets"),
     "kilt-score": ("corag.commands.kilt_score:main", "validate and score a KILT submission file"),

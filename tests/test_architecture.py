@@ -35,7 +35,15 @@ LAYERS = [
     ["corag.lm", "corag.retrieval"],
     ["corag.executor", "corag.chain"],
     ["corag.decoding", "corag.methods"],
-    ["corag.sampling", "corag.evaluation", "corag.kilt", "corag.training", "corag.models", "corag.plan"],
+    [
+        "corag.sampling",
+        "corag.evaluation",
+        "corag.kilt",
+        "corag.training",
+        "corag.iterate",
+        "corag.models",
+        "corag.plan",
+    ],
     ["corag.toy"],
     ["corag.commands", "corag.cli"],
 ]

@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corag.data.jsonl import atomic_write, check_output
+from corag.data.jsonl import check_output
 from corag.errors import InputError
+from corag.iterate import check_same_settings, run_recipe, stage
 
 # judge_headroom's counts of questions, per hop count (summed over seeds by benchmarks/toyworld.py).
 JUDGE_COUNTS = ("questions", "greedy", "any", "penalty", "link_check")
@@ -219,27 +217,6 @@ def compute_dtype(name: str) -> str:
     return "bfloat16" if torch.cuda.is_available() or amx else "float32"
 
 
-def _stage(name: str, done: Path, timings: dict[str, float], fn: Callable[[], Any]) -> None:
-    """Run a stage unless its output exists; record its wall time."""
-    if done.exists():
-        print(f"[{name}] already done ({done})")
-        return
-    print(f"[{name}] ...", flush=True)
-    start = time.perf_counter()
-    fn()
-    timings[name] = round(time.perf_counter() - start, 1)
-    print(f"[{name}] done in {timings[name]:.0f}s", flush=True)
-
-
-def train(
-    recipe: str, config: str, model: Path, out: Path, data: dict[str, str], extra: list[str] = ()
-) -> None:
-    """Run the SFT recipe in a subprocess, exactly as a user would (one process)."""
-    args = [sys.executable, recipe, "--config", config, "--model_name_or_path", str(model)]
-    args += ["--output_dir", str(out), *[x for k, v in data.items() for x in (f"--{k}", v)], *extra]
-    subprocess.run(args, check=True)
-
-
 def _share(item: str, name: str) -> tuple[str, float]:
     """`task=share` -> (task, share), the task one of the three calls' names."""
     task, _, share = item.partition("=")
@@ -304,20 +281,7 @@ def check_same_study(cfg: StudyConfig, path: Path) -> None:
     (its finished stages would be reused as they are). Only `evals` (and where the recipe lies) may change
     between runs."""
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "evals", "recipe")}
-    if not path.exists():
-        with atomic_write(path) as f:
-            json.dump(settings, f, indent=2)
-        return
-    before = json.loads(path.read_text())
-    changed = sorted(k for k in settings.keys() | before.keys() if settings.get(k) != before.get(k))
-    if changed:
-        shown = ", ".join(f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
-        raise InputError(
-            f"this folder holds a study made with other settings ({shown}); choose another --out_dir "
-            "or remove it",
-            file=str(path),
-            field=changed[0],
-        )
+    check_same_settings(settings, path, "a study")
 
 
 def run_study(cfg: StudyConfig) -> dict[str, Any]:
@@ -350,10 +314,10 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         train_per_hop=cfg.train_per_hop,
         test_per_hop=cfg.test_per_hop,
     )
-    _stage("world", out / "world" / "test.jsonl", timings, lambda: world.write(out / "world"))
+    stage("world", out / "world" / "test.jsonl", timings, lambda: world.write(out / "world"))
 
     warm = Path(cfg.warm_dir) if cfg.warm_dir else out / "models" / "warm"
-    _stage("warm-start", warm / "config.json", timings, lambda: warm_start(cfg, warm))
+    stage("warm-start", warm / "config.json", timings, lambda: warm_start(cfg, warm))
     if cfg.warm_only:
         return {"config": asdict(cfg), "timings_s": timings}
 
@@ -369,7 +333,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         else:
             build_dense(world_corpus, index, Encoder.from_preset("minilm"))
 
-    _stage("index", index / "manifest.json", timings, build_index)
+    stage("index", index / "manifest.json", timings, build_index)
     corpus = Corpus.load(out / "world" / "corpus.jsonl")
     retriever = load_retriever(index)
 
@@ -389,7 +353,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         (out / "sampling_summary.json").write_text(json.dumps(summary, indent=2))
         partial.rename(chains)
 
-    _stage("sample", chains, timings, sample)
+    stage("sample", chains, timings, sample)
 
     corag_dir = out / "models" / "corag"
     bf16 = ["--bf16", str(dtype == "bfloat16").lower()]  # two words: the recipe looks for "--bf16"
@@ -397,11 +361,11 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     corag_extra += [f"--num_train_epochs={cfg.sft_epochs}"] if cfg.sft_epochs is not None else []
     corag_extra += [f"--min_score={cfg.min_score}"] if cfg.min_score is not None else []
     data = {"corpus": str(out / "world" / "corpus.jsonl"), "index": str(index)}
-    _stage(
+    stage(
         "fine-tune",
         corag_dir / "config.json",
         timings,
-        lambda: train(
+        lambda: run_recipe(
             cfg.recipe, cfg.sft_config, warm, corag_dir, {**data, "chains": str(chains)}, corag_extra
         ),
     )
@@ -413,9 +377,9 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         write_jsonl(examples, single_step_examples(world.train[: cfg.sample_questions], corpus, retriever))
         steps = json.loads((corag_dir / "trainer_state.json").read_text())["global_step"]
         extra = [f"--seed={cfg.seed}", f"--max_steps={steps}", *bf16]
-        train(cfg.recipe, cfg.sft_config, warm, single_dir, {"examples": str(examples)}, extra)
+        run_recipe(cfg.recipe, cfg.sft_config, warm, single_dir, {"examples": str(examples)}, extra)
 
-    _stage("single-step baseline", single_dir / "config.json", timings, single_step)
+    stage("single-step baseline", single_dir / "config.json", timings, single_step)
 
     diagnosis = out / "call_accuracy.json"
     validation = balanced_by_hops(world.train[cfg.sample_questions :], cfg.diagnose_questions)
@@ -426,7 +390,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         diagnosis.write_text(json.dumps(scores, indent=2))
 
     if validation:
-        _stage("diagnose", diagnosis, timings, diagnose)
+        stage("diagnose", diagnosis, timings, diagnose)
 
     results = evaluate_all(
         cfg,
