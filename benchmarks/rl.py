@@ -93,8 +93,12 @@ def run_seed(seed: int, out: Path) -> dict:
     rewards = [row["reward"] for row in json.loads((grpo / "trainer_state.json").read_text())["log_history"]
                if "reward" in row]  # fmt: skip
     tenth = max(1, len(rewards) // 10)
-    row = {
-        name: {k: results[name][k] for k in ("em_2hop", "em_3hop", "tokens_per_question")}
+    row: dict = {
+        name: {
+            "em_2hop": results[name]["em_by_hops"]["2"],
+            "em_3hop": results[name]["em_by_hops"]["3"],
+            "tokens_per_question": results[name]["tokens_per_question"],
+        }
         for name in ("sft", "round2", "grpo")
     }
     row["grpo_steps"] = len(rewards)
