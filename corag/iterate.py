@@ -44,7 +44,13 @@ class IterateConfig:
     eval_data: str | None = field(default=None, metadata={"help": "held-out questions each round answers"})
     out_dir: str = field(default="runs/iterate", metadata={"help": "one folder a run; a rerun resumes it"})
     rounds: int = field(default=2, metadata={"help": "rounds of sampling and training (R)"})
-    init: str = field(default="last", metadata={"help": f"each round trains from one of {INITS}"})
+    init: str = field(
+        default="last",
+        metadata={
+            "choices": list(INITS),
+            "help": "each round trains from the base model or the last checkpoint",
+        },
+    )
     limit: int | None = field(default=None, metadata={"help": "only the first N training questions"})
     eval_limit: int | None = field(default=None, metadata={"help": "only the first N held-out questions"})
     methods: list[str] = field(default_factory=lambda: ["greedy:L=3"], metadata={"help": "evaluations"})
