@@ -180,7 +180,8 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
 def evaluate_round(
     cfg: IterateConfig, folder: Path, model: Path, held_out: list, corpus: Any, retriever: Any
 ) -> dict[str, Any]:
-    """Each method on the held-out questions (resumed per question): EM, F1 and tokens per question."""
+    """Each method on the held-out questions (resumed per question): EM, F1, tokens per question and EM
+    by hop count where the questions have one."""
     from corag.evaluation import parse_runs, run_method, score_records
     from corag.lm import load_lm
 
@@ -196,7 +197,9 @@ def evaluate_round(
                 json.dump(summary, f, indent=2)
         summary = json.loads(metrics.read_text())
         for key in ("em", "f1", "tokens_per_question"):
-            row[f"{run.name} {key}"] = summary[key]
+            row[f"{run.name} {key}"] = round(summary[key], 2)
+        for hops, em in sorted(summary.get("em_by_hops", {}).items(), key=lambda item: int(item[0])):
+            row[f"{run.name} em_{hops}hop"] = round(em, 2)
     return row
 
 
