@@ -20,7 +20,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
@@ -28,16 +27,15 @@ from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig, ModelConfig, get_peft_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sft import attention_implementation, fail, wandb_offline_if_unreachable  # noqa: E402 (the SFT recipe's helpers)
-
-from corag.chain import GenerationLimits  # noqa: E402
-from corag.config import parse_config  # noqa: E402
-from corag.errors import InputError  # noqa: E402
-from corag.training.grpo import check_trainer_settings  # noqa: E402
-from corag.training.rollout import RolloutConfig  # noqa: E402
+from corag.chain import GenerationLimits
+from corag.config import parse_config
+from corag.errors import InputError
+from corag.training.grpo import check_trainer_settings
+from corag.training.recipes import attention_implementation, fail, wandb_offline_if_unreachable
+from corag.training.rollout import RolloutConfig
 
 logger = logging.getLogger("corag.grpo")
+PROG = "recipes/grpo.py"
 
 
 @dataclass
@@ -89,12 +87,12 @@ def parse_args(argv: list[str] | None = None) -> tuple:
         limits.check()
         check_trainer_settings(grpo)
     except (ValueError, InputError) as e:
-        fail(str(e), "recipes/grpo.py")
+        fail(str(e), PROG)
     for name in ("questions", "corpus", "retriever"):
         if getattr(data, name) is None:
-            fail(f"`{name}` is required", "recipes/grpo.py")
+            fail(f"`{name}` is required", PROG)
     if model.model_name_or_path is None:
-        fail("`model_name_or_path` is required (the SFT checkpoint)", "recipes/grpo.py")
+        fail("`model_name_or_path` is required (the SFT checkpoint)", PROG)
     model.attn_implementation = attention_implementation(model.attn_implementation)
     return data, rollout, limits, grpo, model
 
@@ -132,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         check_corpus(data.retriever, corpus)  # an index over another corpus is refused before the model loads
         retriever = load_retriever(data.retriever)
     except InputError as e:
-        fail(str(e), "recipes/grpo.py")
+        fail(str(e), PROG)
     logger.info("%d questions, %d chains each per step", len(questions), args.num_generations)
 
     # 3. The policy (the SFT checkpoint) and its tokenizer.

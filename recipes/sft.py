@@ -24,17 +24,14 @@ gradient accumulation from the number of processes, so the batch is the config's
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
 import sys
 import types
-from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NoReturn
-from urllib.parse import urlparse
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
@@ -46,8 +43,10 @@ from corag.config import parse_config
 from corag.errors import InputError
 from corag.training import dataset as examples_dataset
 from corag.training.dataset import ExamplesConfig
+from corag.training.recipes import attention_implementation, fail, wandb_offline_if_unreachable
 
 logger = logging.getLogger("corag.sft")
+PROG = "recipes/sft.py"
 
 
 @dataclass
@@ -98,22 +97,16 @@ def parse_args(
         if isinstance(data_args.chat_template_kwargs, str):
             data_args.chat_template_kwargs = json.loads(data_args.chat_template_kwargs)
     except (ValueError, InputError) as e:  # messages name the unknown keys; make them a clean CLI error
-        fail(str(e))
+        fail(str(e), PROG)
     model_args.attn_implementation = attention_implementation(model_args.attn_implementation)
     apply_effective_batch(recipe_args, sft_args, int(os.environ.get("WORLD_SIZE", "1")))
     if model_args.model_name_or_path is None:
-        fail("`model_name_or_path` is required")
+        fail("`model_name_or_path` is required", PROG)
     if data_args.chains is not None and data_args.corpus is None:
-        fail("`chains` needs `corpus` (the documents of the examples)")
+        fail("`chains` needs `corpus` (the documents of the examples)", PROG)
     if data_args.chains is None and recipe_args.examples is None and data_args.dataset is None:
-        fail("`dataset` (from `corag build-examples`) or `chains` and `corpus` are required")
+        fail("`dataset` (from `corag build-examples`) or `chains` and `corpus` are required", PROG)
     return data_args, recipe_args, sft_args, model_args
-
-
-def fail(message: str, prog: str = "recipes/sft.py") -> NoReturn:
-    """A bad config or flag: one line on stderr, exit status 2 (as argparse does)."""
-    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def apply_effective_batch(recipe_args: RecipeArguments, sft_args: SFTConfig, world_size: int) -> None:
@@ -126,7 +119,7 @@ def apply_effective_batch(recipe_args: RecipeArguments, sft_args: SFTConfig, wor
             recipe_args.effective_batch_size, sft_args.per_device_train_batch_size, world_size
         )
     except InputError as e:
-        fail(str(e))
+        fail(str(e), PROG)
 
 
 def accumulation_steps(effective: int, per_device: int, world_size: int) -> int:
@@ -140,75 +133,6 @@ def accumulation_steps(effective: int, per_device: int, world_size: int) -> int:
             field="effective_batch_size",
         )
     return effective // per_step
-
-
-def wandb_offline_if_unreachable(
-    report_to: str | list[str] | None,
-    env: MutableMapping[str, str],
-    reachable: Callable[[str], bool] | None = None,
-) -> str | None:
-    """Switch W&B to offline (WANDB_MODE=offline in `env`) when it is asked for but has no API key or no
-    network, so a node without either trains instead of failing in the trainer; returns the warning.
-
-    `wandb sync` uploads the offline run later. A run that says WANDB_MODE itself is left alone.
-    """
-    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
-    if not ({"wandb", "all"} & set(names)) or env.get("WANDB_MODE", "").lower() in (
-        "offline",
-        "disabled",
-        "dryrun",
-    ):
-        return None
-    base = env.get("WANDB_BASE_URL", "https://api.wandb.ai")
-    host = urlparse(base).hostname or "api.wandb.ai"
-    if not env.get("WANDB_API_KEY") and not _netrc_has(host, env):
-        reason = "no W&B API key (set WANDB_API_KEY or run `wandb login`)"
-    elif not (reachable or _reachable)(base):
-        reason = f"{base} cannot be reached"
-    else:
-        return None
-    env["WANDB_MODE"] = "offline"
-    return f"{reason}: W&B logs offline into ./wandb (upload later with `wandb sync`)"
-
-
-def _netrc_has(host: str, env: Mapping[str, str]) -> bool:
-    """Whether the netrc file `wandb login` writes holds a password for `host`."""
-    import netrc
-
-    path = env.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
-    try:
-        entry = netrc.netrc(path).authenticators(host)
-    except (OSError, netrc.NetrcParseError):
-        return False
-    return bool(entry and entry[2])
-
-
-def _reachable(url: str, timeout: float = 5.0) -> bool:
-    """Whether a TCP connection to the URL's host opens within `timeout` seconds."""
-    import socket
-
-    parsed = urlparse(url)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        socket.create_connection((parsed.hostname or "", port), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
-
-
-def attention_implementation(requested: str | None) -> str | None:
-    """The requested attention, or sdpa where a flash-attention kernel cannot run (no GPU, not installed).
-
-    Padding-free batches need attention that reads sequence boundaries from position_ids: flash attention
-    does it in varlen kernels; sdpa does it with a block-diagonal mask (correct, slower: the CPU fallback).
-    """
-    kernels = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
-    if requested in kernels and not (
-        torch.cuda.is_available() and importlib.util.find_spec(kernels[requested]) is not None
-    ):
-        logger.warning("%s cannot run here (no GPU or no %s); using sdpa", requested, kernels[requested])
-        return "sdpa"
-    return requested
 
 
 def first_process() -> bool:

@@ -201,12 +201,9 @@ class ChainGRPOTrainer(GRPOTrainer):
         rewards = [c.reward for c in chains]
         metrics["reward"].append(statistics.fmean(rewards))
         metrics["reward_std"].append(statistics.fmean(statistics.pstdev(c.reward for c in g) for g in groups))
-        metrics["answer_em"].append(statistics.fmean(_answer(c, "em") for c in chains))
-        metrics["answer_f1"].append(statistics.fmean(_answer(c, "f1") for c in chains))
+        answers = [answer_scores(c.result.prediction, c.result.answers) for c in chains]
+        metrics["answer_em"].append(statistics.fmean(a["em"] for a in answers))
+        metrics["answer_f1"].append(statistics.fmean(a["f1"] for a in answers))
         metrics["chain_steps"].append(statistics.fmean(len(c.result.steps) for c in chains))
         metrics["tokens_per_chain"].append(statistics.fmean(c.result.usage.total for c in chains))
         metrics["pairs_per_chain"].append(num_pairs / len(chains))
-
-
-def _answer(chain: Chain, metric: str) -> float:
-    return answer_scores(chain.result.prediction, chain.result.answers)[metric]

@@ -1,0 +1,91 @@
+"""What the training recipes (recipes/sft.py, recipes/grpo.py) share: a bad setting as one line, W&B
+offline where it cannot log, and attention that can run here."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import NoReturn
+from urllib.parse import urlparse
+
+import torch
+
+logger = logging.getLogger("corag.training")
+
+
+def fail(message: str, prog: str) -> NoReturn:
+    """A bad config or flag of the recipe `prog`: one line on stderr, exit status 2 (as argparse does)."""
+    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def wandb_offline_if_unreachable(
+    report_to: str | list[str] | None,
+    env: MutableMapping[str, str],
+    reachable: Callable[[str], bool] | None = None,
+) -> str | None:
+    """Switch W&B to offline (WANDB_MODE=offline in `env`) when it is asked for but has no API key or no
+    network, so a node without either trains instead of failing in the trainer; returns the warning.
+
+    `wandb sync` uploads the offline run later. A run that says WANDB_MODE itself is left alone.
+    """
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if not ({"wandb", "all"} & set(names)) or env.get("WANDB_MODE", "").lower() in (
+        "offline",
+        "disabled",
+        "dryrun",
+    ):
+        return None
+    base = env.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    host = urlparse(base).hostname or "api.wandb.ai"
+    if not env.get("WANDB_API_KEY") and not _netrc_has(host, env):
+        reason = "no W&B API key (set WANDB_API_KEY or run `wandb login`)"
+    elif not (reachable or _reachable)(base):
+        reason = f"{base} cannot be reached"
+    else:
+        return None
+    env["WANDB_MODE"] = "offline"
+    return f"{reason}: W&B logs offline into ./wandb (upload later with `wandb sync`)"
+
+
+def _netrc_has(host: str, env: Mapping[str, str]) -> bool:
+    """Whether the netrc file `wandb login` writes holds a password for `host`."""
+    import netrc
+
+    path = env.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        entry = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entry and entry[2])
+
+
+def _reachable(url: str, timeout: float = 5.0) -> bool:
+    """Whether a TCP connection to the URL's host opens within `timeout` seconds."""
+    import socket
+
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def attention_implementation(requested: str | None) -> str | None:
+    """The requested attention, or sdpa where a flash-attention kernel cannot run (no GPU, not installed).
+
+    Padding-free batches need attention that reads sequence boundaries from position_ids: flash attention
+    does it in varlen kernels; sdpa does it with a block-diagonal mask (correct, slower: the CPU fallback).
+    """
+    kernels = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+    if requested in kernels and not (
+        torch.cuda.is_available() and importlib.util.find_spec(kernels[requested]) is not None
+    ):
+        logger.warning("%s cannot run here (no GPU or no %s); using sdpa", requested, kernels[requested])
+        return "sdpa"
+    return requested
