@@ -27,7 +27,7 @@ from corag.errors import InputError
 from corag.retrieval.base import parse_devices
 
 GB = 1e9
-STAGES = ("sample", "evaluate", "sft", "serve")
+STAGES = ("sample", "evaluate", "sft", "grpo", "serve")
 # Per GPU, before anything else: the caching allocator's fragmentation, NCCL and cuBLAS workspaces.
 RESERVE = 2 * GB
 # A process's CUDA context on each device it touches (H100, CUDA 12: 0.4-0.6 GB); an estimate.
@@ -42,6 +42,9 @@ KILT_ROWS, KILT_DIM = 35_700_000, 1024
 # fp32 for top-k: 6 bytes per score).
 QUERY_ROWS, BLOCK_ROWS = 256, 1 << 20
 SHARDINGS = ("zero3", "fsdp", "ddp")
+# The widest GRPO row: a 4096-token message (corag.prompts caps calls A and B there), the chat template
+# around it and a 128-token answer.
+GRPO_ROW_TOKENS = 4096 + 64 + 128
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class ModelShape:
     head_dim: int
     intermediate: int
     tied: bool
+    context: int = 131072  # max_position_embeddings
 
     @property
     def params(self) -> int:
@@ -98,7 +102,7 @@ KNOWN_MODELS = {
     "qwen38b": ModelShape("Qwen3-8B", 151936, 4096, 36, 32, 8, 128, 12288, False),
     "qwen34b": ModelShape("Qwen3-4B", 151936, 2560, 36, 32, 8, 128, 9728, True),
     "smollm2": ModelShape("SmolLM2-135M", 49152, 576, 30, 9, 3, 64, 1536, True),
-    "quickstart": ModelShape("toy tiny model", 4096, 128, 2, 2, 2, 64, 512, False),
+    "quickstart": ModelShape("toy tiny model", 4096, 128, 2, 2, 2, 64, 512, False, 2048),
 }
 
 
@@ -120,6 +124,7 @@ def model_shape(model: str) -> ModelShape:
             int(c.get("head_dim") or c["hidden_size"] // heads),
             int(c["intermediate_size"]),
             bool(c.get("tie_word_embeddings", False)),
+            int(c.get("max_position_embeddings") or 131072),
         )
     key = re.sub(r"[^a-z0-9]", "", model.lower())
     for name, shape in KNOWN_MODELS.items():
@@ -196,6 +201,8 @@ def read_header(path: str | Path) -> tuple[Hardware | None, str | None]:
 
 def detect_stage(values: dict[str, Any], file: str | None = None) -> str:
     """The stage a config is for, from its keys."""
+    if "num_generations" in values:
+        return "grpo"
     if "num_chains" in values or "questions" in values:
         return "sample"
     if "methods" in values or "data" in values or "strategy" in values:
@@ -360,8 +367,15 @@ def add_index(
 # Stages --------------------------------------------------------------------------------------------
 
 
-def _engine_items(values: dict[str, Any], shape: ModelShape, capacity: float, notes: list[str]) -> list[Item]:
-    """One vLLM engine's share of each of its GPUs: weights / tensor_parallel_size + KV cache."""
+def _engine_items(
+    values: dict[str, Any],
+    shape: ModelShape,
+    capacity: float,
+    notes: list[str],
+    key: str = "gpu_memory_utilization",
+) -> list[Item]:
+    """One vLLM engine's share of each of its GPUs: weights / tensor_parallel_size + KV cache (`key`: the
+    config key of its memory fraction)."""
     util = float(values.get("gpu_memory_utilization", 0.9))
     tp = int(values.get("tensor_parallel_size", 1))
     share = util * capacity
@@ -371,22 +385,22 @@ def _engine_items(values: dict[str, Any], shape: ModelShape, capacity: float, no
     max_len = int(values.get("max_model_len") or 8192)
     if kv < per_token * max_len:
         raise InputError(
-            f"does not fit: the vLLM engine's share {share / GB:.1f} GB (gpu_memory_utilization {util}) "
+            f"does not fit: the vLLM engine's share {share / GB:.1f} GB ({key} {util}) "
             f"holds {shape.name}'s weights ({weights / GB:.1f} GB per GPU) but not one sequence of "
             f"{max_len} tokens of KV cache",
-            field="gpu_memory_utilization",
+            field=key,
         )
     notes.append(
-        f"vLLM engine at gpu_memory_utilization {util}: {shape.name} weights {weights / GB:.1f} GB per GPU "
+        f"vLLM engine at {key} {util}: {shape.name} weights {weights / GB:.1f} GB per GPU "
         f"(bf16, {shape.params / 1e9:.2f}B parameters / tensor_parallel_size {tp}), KV cache up to "
         f"{kv / GB:.1f} GB = {kv / per_token / 1e3:.0f}k tokens at {shape.kv_bytes_per_token()} bytes/token "
         "(vLLM's own activation peak comes out of it)"
     )
     return [
         Item(
-            f"vLLM engine (gpu_memory_utilization {util}: weights + KV cache)",
+            f"vLLM engine ({key} {util}: weights + KV cache)",
             share,
-            "gpu_memory_utilization",
+            key,
         )
     ]
 
@@ -426,6 +440,8 @@ def plan_stage(
     try:
         if stage == "sft":
             _plan_sft(plan, values)
+        elif stage == "grpo":
+            _plan_grpo(plan, values, _service(service))
         elif stage == "serve":
             _plan_serve(plan, values)
         else:
@@ -480,17 +496,7 @@ def _plan_engines(plan: Plan, values: dict[str, Any], service: dict[str, Any] | 
                 Item(f"{shape.name} weights (bf16, transformers)", shape.params * 2.0, "model")
             )
     if service:
-        rows, dim, source = index_size(service.get("index"))
-        devices = [
-            int(d.split(":")[1]) for d in parse_devices(service.get("index_devices") or "cuda", hw.gpus)
-        ]
-        encoder = int(str(service.get("device") or "cuda:0").split(":")[-1]) if devices else None
-        for _ in range(int(service.get("workers", 1))):
-            add_index(gpus, devices, rows, dim, encoder, "service")
-        plan.host["the retrieval service"] = [
-            Item("Python, torch, index loading buffers (estimate)", RUNTIME_HOST)
-        ]
-        plan.notes.append(f"retrieval service beside the engines: {source}")
+        _add_service(plan, service)
     if retriever and not url:
         rows, dim, source = index_size(retriever)
         plan.notes.append(f"index in the process: {source}")
@@ -519,6 +525,22 @@ def _plan_engines(plan: Plan, values: dict[str, Any], service: dict[str, Any] | 
         plan.notes.append("no retriever given")
 
 
+def _add_service(plan: Plan, service: dict[str, Any]) -> None:
+    """A `corag serve-retriever` beside the stage's processes, its index shards on the node's GPUs."""
+    rows, dim, source = index_size(service.get("index"))
+    devices = [
+        int(d.split(":")[1])
+        for d in parse_devices(service.get("index_devices") or "cuda", plan.hardware.gpus)
+    ]
+    encoder = int(str(service.get("device") or "cuda:0").split(":")[-1]) if devices else None
+    for _ in range(int(service.get("workers", 1))):
+        add_index(plan.gpus, devices, rows, dim, encoder, "service")
+    plan.host["the retrieval service"] = [
+        Item("Python, torch, index loading buffers (estimate)", RUNTIME_HOST)
+    ]
+    plan.notes.append(f"retrieval service beside the {plan.stage} processes: {source}")
+
+
 def _plan_serve(plan: Plan, values: dict[str, Any]) -> None:
     """`corag serve-retriever`: each worker holds the whole index on its devices."""
     hw = plan.hardware
@@ -541,15 +563,62 @@ def _plan_serve(plan: Plan, values: dict[str, Any]) -> None:
 def _plan_sft(plan: Plan, values: dict[str, Any]) -> None:
     """The SFT recipe: weights, gradients and Adam states (sharded under ZeRO-3/FSDP, whole under DDP)
     or LoRA's frozen weights and adapter states, plus checkpointed activations (an estimate)."""
-    hw = plan.hardware
+    shape = _trained_model(values)
+    tokens = int(values.get("per_device_train_batch_size", 8)) * int(values.get("max_length", 1024))
+    _place_trainer(plan, _trainer_items(plan, values, shape, tokens), shape)
+
+
+def _plan_grpo(plan: Plan, values: dict[str, Any], service: dict[str, Any] | None) -> None:
+    """The GRPO recipe: the trainer's items as for SFT (activations for one micro-step's rows, each as
+    wide as the widest), the reference model when `beta` > 0, each process's colocated vLLM engine
+    (`use_vllm`) and a retrieval service beside them (the config's `# beside:` line)."""
+    shape = _trained_model(values)
+    lora = bool(values.get("use_peft"))
+    chains = int(values.get("per_device_train_batch_size", 8))
+    rows = chains * (2 * int(values.get("max_chain_length", 6)) + 1)
+    width = min(GRPO_ROW_TOKENS, shape.context)
+    items = _trainer_items(plan, values, shape, rows * width)
+    plan.notes.append(
+        f"GRPO micro-step: {chains} chain(s) per process x up to {rows // chains} generations each (a "
+        f"sub-query and a sub-answer per step, the final answer), every row padded to the widest "
+        f"({width} tokens: a 4096-token message, template and answer, or the model's context)"
+    )
+    if float(values.get("beta", 0.0)) > 0 and not lora:
+        shard = _shards(plan.hardware, lora)
+        items.append(Item(f"reference model (bf16, / {shard})", shape.params * 2.0 / shard, "beta"))
+    if values.get("use_vllm") and plan.hardware.gpus:
+        engine = {
+            "gpu_memory_utilization": values.get("vllm_gpu_memory_utilization", 0.3),
+            "max_model_len": values.get("vllm_max_model_length"),
+        }
+        items += _engine_items(
+            engine, shape, plan.hardware.gpu_memory, plan.notes, key="vllm_gpu_memory_utilization"
+        )
+    _place_trainer(plan, items, shape)
+    if service and plan.hardware.gpus:
+        _add_service(plan, service)
+
+
+def _trained_model(values: dict[str, Any]) -> ModelShape:
     model = values.get("model_name_or_path")
     if not model:
         raise InputError("no model to plan for; give --model", field="model_name_or_path")
-    shape = model_shape(str(model))
+    return model_shape(str(model))
+
+
+def _shards(hw: Hardware, lora: bool) -> int:
+    """How many processes share each weight: all of them under ZeRO-3/FSDP, one under DDP."""
+    sharding = hw.sharding or ("ddp" if lora else "zero3")
+    return max(1, hw.nodes * hw.gpus) if sharding in ("zero3", "fsdp") else 1
+
+
+def _trainer_items(plan: Plan, values: dict[str, Any], shape: ModelShape, tokens: int) -> list[Item]:
+    """One training process's weights, optimizer states and activations for `tokens` tokens a micro-step."""
+    hw = plan.hardware
     lora = bool(values.get("use_peft"))
     sharding = hw.sharding or ("ddp" if lora else "zero3")
     world = max(1, hw.nodes * hw.gpus)
-    shard = world if sharding in ("zero3", "fsdp") else 1
+    shard = _shards(hw, lora)
     fp32 = str(values.get("dtype", "bfloat16")) == "float32" and not values.get("bf16")
     wbytes = 4 if fp32 else 2
     items: list[Item] = []
@@ -582,7 +651,6 @@ def _plan_sft(plan: Plan, values: dict[str, Any]) -> None:
         if shard > 1:
             gathered = max(2 * shape.params / shape.layers, shape.vocab * shape.hidden) * 2
             items.append(Item("gathered parameters in flight (estimate)", gathered))
-    tokens = int(values.get("per_device_train_batch_size", 8)) * int(values.get("max_length", 1024))
     abytes = 4 if fp32 else 2
     per_token = shape.hidden * (shape.layers * abytes + 17 * abytes) if values.get("activation_checkpointing") else (
         shape.hidden * shape.layers * 17 * abytes)  # fmt: skip
@@ -600,6 +668,12 @@ def _plan_sft(plan: Plan, values: dict[str, Any]) -> None:
         f"token and layer) plus one layer recomputed (34 x hidden x 16-bit per token: Korthikanti et al. 2022, "
         "flash attention), an estimate; the loss scores labelled positions only"
     )  # fmt: skip
+    return items
+
+
+def _place_trainer(plan: Plan, items: list[Item], shape: ModelShape) -> None:
+    """A training process's items on every GPU (one process each), or in host memory on a CPU machine."""
+    hw = plan.hardware
     if hw.gpus:
         for g in range(hw.gpus):
             plan.gpus[g].append(Item("CUDA context (estimate)", CUDA_CONTEXT))

@@ -28,8 +28,12 @@ from corag.retrieval.base import parse_devices
 REPO = Path(__file__).resolve().parents[1]
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SHIPPED = sorted(p for d in ("sampling", "eval", "sft") for p in (CONFIGS / d).glob("*.yaml"))
-MODELS = {"_8b-full.yaml": "meta-llama/Llama-3.1-8B-Instruct", "toy.yaml": "runs/quickstart/models/warm"}
+SHIPPED = sorted(p for d in ("sampling", "eval", "sft", "grpo") for p in (CONFIGS / d).glob("*.yaml"))
+MODELS = {
+    "_8b-full.yaml": "meta-llama/Llama-3.1-8B-Instruct",
+    "_8b.yaml": "runs/sft/llama3.1-8b-full",
+    "toy.yaml": "runs/quickstart/models/warm",
+}
 
 # The sampling and evaluation layout shipped before the plan: vLLM at 0.85 and a local index folder
 # loaded onto every GPU the process sees.
@@ -58,7 +62,8 @@ max_model_len: 8192
 @pytest.mark.parametrize("config", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_shipped_config_fits_its_declared_hardware(config: Path, capsys) -> None:
     assert config.read_text().startswith("# hardware: ")
-    extra = ["--model", MODELS[config.name]] if config.name in MODELS and config.parent.name == "sft" else []
+    trained = config.parent.name in ("sft", "grpo")
+    extra = ["--model", MODELS[config.name]] if config.name in MODELS and trained else []
     assert plan_main(["--config", str(config), *extra]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("plan fits: ")
 
@@ -84,6 +89,31 @@ def test_the_new_sampling_layout_needs_the_smaller_fraction(tmp_path: Path) -> N
     path.write_text(text)
     with pytest.raises(InputError, match="dense index shard"):
         plan_main(["--config", str(path)])
+
+
+def test_grpo_places_the_trainer_its_colocated_engine_and_the_service_on_every_gpu() -> None:
+    config = CONFIGS / "grpo/llama3.1-8b.yaml"
+    values = load_yaml(str(config))
+    shape = KNOWN_MODELS["llama318b"]
+    hw = Hardware(1, 8, 80 * GB, sharding="zero3")
+    service = "data/index/e5-large-v2 --index-devices cuda:0-7 --device cuda:0"
+    plan = plan_stage("grpo", values, hw, service=service)
+    sizes = {item.name: item.size for item in plan.gpus[3]}
+    assert sizes["vLLM engine (vllm_gpu_memory_utilization 0.3: weights + KV cache)"] == 0.3 * 80 * GB
+    assert sizes["weights, gradients, Adam states (16 B/parameter, / 8)"] == shape.params * 16 / 8
+    rows = values["per_device_train_batch_size"] * (2 * values["max_chain_length"] + 1)
+    (activations,) = [size for name, size in sizes.items() if name.startswith("checkpointed activations")]
+    assert activations == rows * (4096 + 64 + 128) * shape.hidden * (shape.layers * 2 + 17 * 2)
+    assert sizes["service: dense index shard (fp16)"] == index_bytes(35_700_000, 1024) / 8
+    # No colocated engine without use_vllm; a KL term to the reference adds its sharded bf16 weights.
+    plan = plan_stage("grpo", {**values, "use_vllm": False, "beta": 0.04}, hw, service=service)
+    names = [item.name for item in plan.gpus[3]]
+    assert not any(name.startswith("vLLM engine") for name in names)
+    assert [i.size for i in plan.gpus[3] if i.name.startswith("reference")] == [shape.params * 2 / 8]
+    # Four chains' generations in one micro-step do not fit beside the engine and the index shard.
+    with pytest.raises(InputError) as error:
+        plan_stage("grpo", {**values, "per_device_train_batch_size": 4}, hw, service=service).check()
+    assert error.value.field == "per_device_train_batch_size"
 
 
 def test_arithmetic_on_hand_computed_cases() -> None:
