@@ -44,8 +44,7 @@ class VLLMLM(CountingLM):
         system_prompt: str = SYSTEM_DEFAULT,
         **engine_kwargs: Any,
     ) -> None:
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.renderer = ChatRenderer(self.tokenizer, path, chat_template_kwargs, system_prompt)
+        self._render_with(AutoTokenizer.from_pretrained(path), path, chat_template_kwargs, system_prompt)
         if max_num_seqs is not None:
             engine_kwargs["max_num_seqs"] = max_num_seqs
         self._max_context = self._start(
@@ -58,6 +57,29 @@ class VLLMLM(CountingLM):
             enable_prefix_caching=enable_prefix_caching,
             **engine_kwargs,
         )
+
+    @classmethod
+    def over_engine(
+        cls,
+        engine: Any,
+        tokenizer: Any,
+        *,
+        name: str = "",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        system_prompt: str = SYSTEM_DEFAULT,
+    ) -> VLLMLM:
+        """An offline engine built elsewhere (trl's colocated engine during GRPO), behind the LM protocol."""
+        lm = cls.__new__(cls)
+        lm._render_with(tokenizer, name, chat_template_kwargs, system_prompt)
+        lm.engine = engine
+        lm._max_context = engine.llm_engine.model_config.max_model_len
+        return lm
+
+    def _render_with(
+        self, tokenizer: Any, name: str, chat_template_kwargs: Mapping[str, Any] | None, system_prompt: str
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.renderer = ChatRenderer(tokenizer, name, chat_template_kwargs, system_prompt)
         self.end_ids = sorted(self.renderer.end_ids)
 
     def _start(self, **engine_args: Any) -> int:

@@ -8,15 +8,18 @@ the retriever (corag.training.rollout), rewards them, normalises the rewards per
 every generation of every chain as a row (prompt tokens, completion tokens, the chain's advantage).
 A row's loss falls on its completion and end-of-turn tokens only; documents are part of prompts.
 
-Rollouts run on the process's own copy of the policy with the transformers backend (greedy and seeded
-sampling: a chain's sampling seeds come from the question, the training step and its index in the
-group, so a resumed run samples the chains it would have sampled).
+Rollouts run on the process's own copy of the policy: with the transformers backend, or (`use_vllm`,
+`vllm_mode: colocate`) on the vLLM engine trl colocates with each process, its weights synced from the
+policy once per optimizer step. Greedy calls and seeded sampling: a chain's sampling seeds come from the
+question, the training step and its index in the group, so a resumed run samples the chains it would
+have sampled.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,6 +32,7 @@ from corag.chain import CorpusLike, GenerationLimits
 from corag.errors import InputError
 from corag.executor import Executor
 from corag.lm.hf import HFLM
+from corag.lm.vllm import VLLMLM
 from corag.metrics import answer_scores
 from corag.retrieval.base import Retriever
 from corag.training.examples import tokenize_example
@@ -71,15 +75,54 @@ def check_whole_groups(per_device_batch: int, steps_per_generation: int, num_gen
         )
 
 
+def check_vllm_settings(args: Any) -> None:
+    """vLLM rollouts: trl's colocated engine, one per process, no importance-sampling correction."""
+    if args.vllm_mode != "colocate":
+        raise InputError(
+            "chain rollouts use trl's colocated engine (vllm_mode: colocate); a chain makes many seeded "
+            "calls per question, which trl's server API (one sampling setting per call) cannot carry",
+            field="vllm_mode",
+        )
+    if args.vllm_tensor_parallel_size != 1:
+        raise InputError(
+            "each process samples its own questions on its own engine; set 1",
+            field="vllm_tensor_parallel_size",
+        )
+    if args.vllm_importance_sampling_correction:
+        raise InputError(
+            "completions are re-tokenized from their text, so the engine's per-token log-probabilities "
+            "are not kept to correct with; set false",
+            field="vllm_importance_sampling_correction",
+        )
+    if args.vllm_enable_sleep_mode:
+        raise InputError(
+            "the engine stays awake between rollouts; size it with vllm_gpu_memory_utilization",
+            field="vllm_enable_sleep_mode",
+        )
+
+
 def check_trainer_settings(args: Any) -> None:
     """The GRPOConfig settings this trainer implements, refused in one line otherwise."""
     if args.num_iterations != 1:
         raise InputError("chains are sampled for one pass over them; set 1", field="num_iterations")
     if args.use_vllm:
-        raise InputError("chain rollouts run on the transformers backend; set false", field="use_vllm")
+        check_vllm_settings(args)
     if str(args.scale_rewards).lower() not in SCALES:
         raise InputError(f"advantages are scaled per group or not at all: {SCALES}", field="scale_rewards")
     check_whole_groups(args.per_device_train_batch_size, args.steps_per_generation, args.num_generations)
+
+
+def engine_weights(generation: Any, *, tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's parameters as trl hands them to vLLM (PEFT adapters merged, ZeRO-3 or FSDP shards
+    gathered one at a time, names as vLLM's), plus the output layer of a model that ties it to the input
+    embeddings: vLLM keeps its own copy, which an in-place reload leaves as it was unless given."""
+    embedding = None
+    for name, tensor in generation._iter_named_params():
+        if tied and name.endswith("embed_tokens.weight"):
+            embedding = (name.replace("model.embed_tokens", "lm_head"), tensor.detach().clone())
+        yield name, tensor
+    if embedding is not None:
+        yield embedding
 
 
 class ChainGRPOTrainer(GRPOTrainer):
@@ -93,23 +136,49 @@ class ChainGRPOTrainer(GRPOTrainer):
         retriever: Retriever,
         rollout_config: RolloutConfig,
         limits: GenerationLimits | None = None,
-        lm_kwargs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         rollout_config.check()
         check_trainer_settings(kwargs["args"])
         self.questions = {q.id: q for q in questions}
         self.corpus, self.retriever, self.rollout_config = corpus, retriever, rollout_config
-        self.limits, self.lm_kwargs = limits, dict(lm_kwargs or {})
+        self.limits = limits
         super().__init__(reward_funcs=rollout_reward, train_dataset=questions_dataset(questions), **kwargs)
 
     # -- rollout -------------------------------------------------------------------------------------
+
+    def policy_lm(self) -> HFLM | VLLMLM:
+        """The policy as it is now, behind the LM protocol: the colocated vLLM engine (weights synced
+        once per optimizer step) or the process's own model (put in eval mode)."""
+        if not self.use_vllm:
+            model = self.accelerator.unwrap_model(self.model)
+            return HFLM(model, self.processing_class, chat_template_kwargs=self.chat_template_kwargs)
+        if self.state.global_step != self._last_loaded_step:
+            self.sync_engine()
+            self._last_loaded_step = self.state.global_step
+        engine = self.vllm_generation.llm
+        return VLLMLM.over_engine(
+            engine, self.processing_class, chat_template_kwargs=self.chat_template_kwargs
+        )
+
+    def sync_engine(self) -> None:
+        """The policy's weights into the colocated engine, in place: by vLLM's own reload where it has
+        one (it also redoes what a platform does to loaded weights, as the CPU build repacks them), else
+        by trl's per-parameter load. Every process takes part (ZeRO-3 gathers each parameter)."""
+        generation = self.vllm_generation
+        if importlib.util.find_spec("vllm.model_executor.model_loader.reload") is None:
+            generation.sync_weights()
+            return
+        config = self.accelerator.unwrap_model(self.model).config
+        weights = engine_weights(generation, tied=bool(getattr(config, "tie_word_embeddings", False)))
+        generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        generation.llm.reset_prefix_cache()
 
     def sample_groups(self, query_ids: Sequence[str]) -> list[list[Chain]]:
         """`num_generations` chains for each question, by the policy as it is now."""
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
-        lm = HFLM(model, self.processing_class, **self.lm_kwargs)  # puts the model in eval mode
+        lm = self.policy_lm()
         try:
             with torch.no_grad():
                 return rollout(
@@ -140,8 +209,9 @@ class ChainGRPOTrainer(GRPOTrainer):
     def pair_batch(self, pairs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Rows for trl's loss: prompts padded on the left, completions on the right, one advantage a row.
 
-        The row count is made a multiple of `steps_per_generation` (trl splits the batch in that many
-        equal parts) with rows that carry no loss (completion mask 0).
+        Every process gets the same number of rows, a multiple of `steps_per_generation` (trl splits the
+        batch in that many equal parts and gathers per-row metrics across processes), by rows that carry
+        no loss (completion mask 0).
         """
         device = self.accelerator.device
         tokenizer = self.processing_class
@@ -149,7 +219,9 @@ class ChainGRPOTrainer(GRPOTrainer):
         advantages = [float(p["advantage"]) for p in pairs]
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         masks = [1] * len(tokens)
-        while not tokens or len(tokens) % self.args.steps_per_generation:
+        most = int(self.accelerator.gather(torch.tensor([len(tokens)], device=device)).max())
+        steps = self.args.steps_per_generation
+        while len(tokens) < max(1, -(-most // steps)) * steps:
             tokens.append(([pad_id], [pad_id]))
             advantages.append(0.0)
             masks.append(0)

@@ -96,6 +96,20 @@ def test_greedy_generations_are_identical(hf: HFLM, vllm_lm: VLLMLM) -> None:
     assert vllm_lm.generate(requests) == hf.generate(requests)
 
 
+def test_an_engine_built_elsewhere_answers_as_the_backend_that_built_it(
+    model_dir: Path, hf: HFLM, vllm_lm: VLLMLM
+) -> None:
+    # GRPO's vLLM rollouts wrap the engine trl colocates with each training process.
+    wrapped = VLLMLM.over_engine(vllm_lm.engine, hf.tokenizer, name=str(model_dir))
+    assert wrapped.max_context == vllm_lm.max_context
+    requests = [
+        *[GenerationRequest(m, max_new_tokens=16) for m in PROMPTS],
+        GenerationRequest(PROMPTS[2], max_new_tokens=10, temperature=1.0, n=3, seed=4),
+    ]
+    assert wrapped.generate(requests) == vllm_lm.generate(requests)
+    assert wrapped.generate(requests[:-1]) == hf.generate(requests[:-1])
+
+
 def test_scores_are_identical(hf: HFLM, vllm_lm: VLLMLM) -> None:
     targets = ["person 3", "city 4", "country 0", "", "person 8 was born in city 3."]
     requests = [ScoreRequest(m, t) for m, t in zip(PROMPTS, targets, strict=True)]

@@ -14,7 +14,7 @@ from corag.chain import GenerationLimits
 from corag.data.corpus import Corpus
 from corag.errors import InputError
 from corag.retrieval.bm25 import BM25Retriever
-from corag.training.grpo import ChainGRPOTrainer, check_whole_groups
+from corag.training.grpo import ChainGRPOTrainer, check_trainer_settings, check_whole_groups
 from corag.training.rollout import RolloutConfig
 
 
@@ -130,6 +130,28 @@ def test_a_process_samples_whole_groups():
     with pytest.raises(InputError, match="whole groups") as error:
         check_whole_groups(per_device_batch=3, steps_per_generation=1, num_generations=2)
     assert error.value.field == "per_device_train_batch_size"
+
+
+def test_vllm_rollouts_take_the_colocated_engine_and_refuse_what_they_cannot_carry(tmp_path):
+    def settings(**changes):
+        base = dict(
+            output_dir=str(tmp_path), use_cpu=True, bf16=False, num_generations=2, use_vllm=True,
+            vllm_mode="colocate", vllm_importance_sampling_correction=False, report_to="none",
+        )  # fmt: skip
+        return GRPOConfig(**{**base, **changes})
+
+    check_trainer_settings(settings())  # the shipped 8B configs' vLLM settings
+    refused = {
+        "vllm_mode": {"vllm_mode": "server"},
+        "vllm_tensor_parallel_size": {"vllm_tensor_parallel_size": 2},
+        "vllm_importance_sampling_correction": {"vllm_importance_sampling_correction": True},
+        "vllm_enable_sleep_mode": {"vllm_enable_sleep_mode": True},
+        "num_iterations": {"num_iterations": 2},
+    }
+    for field, change in refused.items():
+        with pytest.raises(InputError) as error:
+            check_trainer_settings(settings(**change))
+        assert error.value.field == field and "\n" not in str(error.value)
 
 
 @pytest.mark.slow

