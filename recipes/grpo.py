@@ -9,8 +9,10 @@ sub-answers and the final answer greedy, in the released prompt formats), reward
 `token_cost` per 1,000 metered tokens, with advantages normalised per question; then trl's GRPO loss
 falls on every generation of every chain, never on retrieved text (corag.training.grpo). Full
 fine-tuning or LoRA (`use_peft: true`); resumes from the last checkpoint in output_dir with the same
-questions and chains; W&B goes offline without a key or network, as in recipes/sft.py. Rollouts use the
-transformers backend on each process's own copy of the policy.
+questions and chains; W&B goes offline without a key or network, as in recipes/sft.py. Rollouts run on
+each process's own copy of the policy (transformers), or on the vLLM engine trl colocates with it
+(`use_vllm: true`, `vllm_mode: colocate`). On N nodes under Slurm:
+`sbatch --nodes=N recipes/slurm_train.sh grpo zero3 CONFIG --serve-index INDEX [--key value ...]`.
 """
 
 from __future__ import annotations
@@ -131,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         retriever = load_retriever(data.retriever)
     except InputError as e:
         fail(str(e), PROG)
-    logger.info("%d questions, %d chains each per step", len(questions), args.num_generations)
+    logger.info(
+        "%d questions, %d chains each; processes: %d", len(questions), args.num_generations, args.world_size
+    )
 
     # 3. The policy (the SFT checkpoint) and its tokenizer.
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)

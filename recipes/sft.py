@@ -17,7 +17,7 @@ target and its end-of-turn token. Full fine-tuning, or LoRA with `use_peft: true
 checkpoint in output_dir, so a requeued job goes on where it stopped; with LoRA, `merge_lora: true`
 also writes a merged model to `<output_dir>/merged` that transformers and vLLM load.
 
-On N nodes under Slurm: `sbatch --nodes=N recipes/slurm_sft.sh CONFIG [--key value ...]` (one
+On N nodes under Slurm: `sbatch --nodes=N recipes/slurm_train.sh sft zero3 CONFIG [--key value ...]` (one
 `accelerate launch` per node, rendezvous at the job's first node). `effective_batch_size` sets the
 gradient accumulation from the number of processes, so the batch is the config's on any GPU count.
 """

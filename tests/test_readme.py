@@ -67,7 +67,7 @@ def test_the_simulated_cluster_run_submits_what_the_readme_shows() -> None:
     shown = sbatch_commands(blocks)
     run = sbatch_commands((README.parent / "tests" / "slurm" / "run.sh").read_text())
     assert {script for script, _ in shown} == {
-        "sampling/slurm_array.sh", "recipes/slurm_sft.sh", "evaluation/slurm_eval.sh"
+        "sampling/slurm_array.sh", "recipes/slurm_train.sh", "evaluation/slurm_eval.sh"
     }  # fmt: skip
     for script, flags in shown:
         assert any(s == script and flags <= f for s, f in run), (script, flags)

@@ -80,16 +80,32 @@ def test_a_time_limit_ends_training_after_the_step_that_passes_it(short_model_di
     AutoModelForCausalLM.from_pretrained(out)
 
 
-def test_the_readme_command_parses():
+def test_the_readme_commands_parse():
     import re
     import shlex
 
     blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
-    (words,) = [shlex.split(line) for line in lines if "recipes/grpo.py" in line]
-    args = words[words.index("recipes/grpo.py") + 1 :]
-    data, rollout, _, grpo, model = load_recipe().parse_args(args)
+    commands = [shlex.split(line.split("#")[0]) for line in lines if "recipes/grpo.py" in line]
+    parsed = [load_recipe().parse_args(words[words.index("recipes/grpo.py") + 1 :]) for words in commands]
+    toy = [p for p in parsed if p[0].questions == "runs/quickstart/world/train.jsonl"]
+    data, rollout, _, grpo, model = toy[0]
     assert (data.questions, model.model_name_or_path, grpo.num_generations) == (
         "runs/quickstart/world/train.jsonl", "runs/quickstart/models/corag", 4,
     )  # fmt: skip
     assert rollout.reward == "f1"
+    assert len(parsed) == 2 and parsed[1][3].use_vllm  # the cluster command: an 8B config on vLLM
+
+
+@pytest.mark.parametrize("config", ["llama3.1-8b.yaml", "qwen3-8b.yaml", "smollm2-lora.yaml"])
+def test_the_shipped_configs_are_settings_the_trainer_takes(config):
+    data, rollout, _, grpo, model = load_recipe().parse_args(
+        ["--config", str(REPO / "configs/grpo" / config)]
+    )
+    assert (grpo.per_device_train_batch_size * grpo.steps_per_generation) % grpo.num_generations == 0
+    assert model.model_name_or_path.startswith("runs/sft/")  # after the SFT run
+    if config.startswith("smollm2"):
+        assert model.use_peft and not grpo.use_vllm and not data.retriever.startswith("http")
+    else:  # a node of 8 GPUs: vLLM beside the trainer, the node's retrieval service
+        assert grpo.use_vllm and grpo.vllm_mode == "colocate" and data.retriever.startswith("http")
+        assert rollout.max_chain_length == 4

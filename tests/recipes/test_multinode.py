@@ -1,5 +1,6 @@
-"""SFT on many nodes: the effective batch whatever the GPU count, W&B without a key or network, and the
-Slurm script's command lines on 2 nodes (stub srun, scontrol and accelerate that record their argv)."""
+"""Training on many nodes: the effective batch whatever the GPU count, W&B without a key or network, and
+the Slurm script's command lines on 2 nodes (stub srun, scontrol and accelerate that record their argv),
+for SFT and for GRPO with each node's own retrieval service."""
 
 from __future__ import annotations
 
@@ -132,7 +133,11 @@ def slurm(tmp_path):
 def submit(slurm, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
     tmp, env = slurm
     done = subprocess.run(
-        ["bash", str(REPO / "recipes/slurm_sft.sh"), *args], env=env, cwd=tmp, capture_output=True, text=True
+        ["bash", str(REPO / "recipes/slurm_train.sh"), *args],
+        env=env,
+        cwd=tmp,
+        capture_output=True,
+        text=True,
     )
     path = tmp / "record.jsonl"
     return done, [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -141,7 +146,7 @@ def submit(slurm, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
 def test_two_nodes_one_accelerate_launch_each(slurm):
     config = "configs/sft/llama3.1-8b-full.yaml"
     slurm[1]["STUB_NODEADDR"] = "10.1.0.17"  # the address the other node reaches it at
-    done, rows = submit(slurm, "fsdp", config, "--output_dir", "runs/sft/x")
+    done, rows = submit(slurm, "sft", "fsdp", config, "--output_dir", "runs/sft/x")
     assert done.returncode == 0, done.stderr
     srun, *launches = rows
     assert "--kill-on-bad-exit=1" in srun["srun"] and "--ntasks-per-node=1" in srun["srun"]
@@ -163,7 +168,7 @@ def test_two_nodes_one_accelerate_launch_each(slurm):
 def test_the_sbatch_header_sets_what_a_cluster_needs():
     header = [
         line
-        for line in (REPO / "recipes/slurm_sft.sh").read_text().splitlines()
+        for line in (REPO / "recipes/slurm_train.sh").read_text().splitlines()
         if line.startswith("#SBATCH")
     ]
     for option in ("--mem=", "--time=", "--requeue", "--nodes=", "--ntasks-per-node=1", "--output="):
@@ -174,12 +179,16 @@ def test_the_sbatch_header_sets_what_a_cluster_needs():
 
 
 def test_bad_submissions_say_what_is_wrong(slurm):
-    done, rows = submit(slurm, "nosuch", "configs/sft/llama3.1-8b-full.yaml")
+    done, rows = submit(slurm, "sft", "nosuch", "configs/sft/llama3.1-8b-full.yaml")
     assert done.returncode == 2 and "configs/accelerate/nosuch.yaml" in done.stderr and rows == []
+    done, rows = submit(slurm, "dpo", "ddp", "configs/sft/llama3.1-8b-full.yaml")
+    assert done.returncode == 2 and "sft or grpo" in done.stderr and rows == []
+    done, rows = submit(slurm, "sft", "ddp", "configs/sft/toy.yaml", "--serve-index", "data/index")
+    assert done.returncode == 2 and "--serve-index is for grpo" in done.stderr and rows == []
     tmp, env = slurm
     env = {k: v for k, v in env.items() if k not in ("SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")}
     done = subprocess.run(
-        ["bash", str(REPO / "recipes/slurm_sft.sh"), "ddp", "configs/sft/toy.yaml"],
+        ["bash", str(REPO / "recipes/slurm_train.sh"), "sft", "ddp", "configs/sft/toy.yaml"],
         env=env,
         capture_output=True,
         text=True,
@@ -187,7 +196,7 @@ def test_bad_submissions_say_what_is_wrong(slurm):
     assert done.returncode == 2 and "no GPUs" in done.stderr
     env["CORAG_PROCS_PER_NODE"] = "1"  # 2 nodes x 1 process, as on CPUs
     done = subprocess.run(
-        ["bash", str(REPO / "recipes/slurm_sft.sh"), "ddp", "configs/sft/toy.yaml"],
+        ["bash", str(REPO / "recipes/slurm_train.sh"), "sft", "ddp", "configs/sft/toy.yaml"],
         env=env,
         capture_output=True,
         text=True,
@@ -197,3 +206,31 @@ def test_bad_submissions_say_what_is_wrong(slurm):
     launch = launches[-1]["accelerate"]
     assert launch[launch.index("--num_processes") + 1] == "2"
     assert launch[launch.index("--main_process_ip") + 1] == "gpu-017"  # no NodeAddr known: the node name
+
+
+def test_grpo_nodes_each_search_their_own_service(slurm, toy_world):
+    import httpx
+
+    from corag.retrieval.bm25 import build_bm25_folder
+
+    tmp, env = slurm
+    build_bm25_folder([toy_world.passages], tmp / "bm25")
+    env["PYTHON"] = sys.executable
+    config = "configs/grpo/llama3.1-8b.yaml"
+    done, rows = submit(
+        slurm, "grpo", "zero3", config, "--serve-index", str(tmp / "bm25"), "--max_steps", "3"
+    )
+    assert done.returncode == 0, done.stderr
+    srun, *launches = rows
+    assert f"--output={tmp / 'logs'}/corag-grpo-%j-node%t.log" in srun["srun"]
+    urls = []
+    for rank, row in enumerate(launches):
+        argv = row["accelerate"]
+        recipe = argv[argv.index("recipes/grpo.py") :]
+        assert recipe[:5] == ["recipes/grpo.py", "--config", config, "--max_steps", "3"]
+        assert argv[-2] == "--retriever" and argv[-1].startswith("http://127.0.0.1:")
+        urls.append(argv[-1])
+        assert "serving" in (tmp / "logs" / f"retriever-4242-node{rank}.log").read_text()  # each node its own
+    for url in urls:
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{url}/health", timeout=5)  # stopped with its task

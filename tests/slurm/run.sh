@@ -8,7 +8,7 @@
 #
 # Steps: toy data and index -> sampling array over 2 nodes, each node starting its own retrieval service
 # and waiting for it (--serve-index) -> merge -> build examples -> SFT on 2 nodes x 1 process (gloo)
-# -> evaluation of two question sets through the node's service -> one table. Exits non-zero at the first
+# -> GRPO on 2 nodes x 1 process, each node with its own retrieval service -> evaluation of two question sets through the node's service -> one table. Exits non-zero at the first
 # step that fails or leaves the wrong files.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -46,11 +46,20 @@ corag build-examples --chains data/chains/toy.jsonl --corpus data/toy/corpus.jso
 
 step "3. SFT on 2 nodes x 1 process"
 sbatch --wait --nodes=2 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
-  recipes/slurm_sft.sh ddp configs/sft/toy.yaml --model_name_or_path models/warm --dataset data/sft/toy \
+  recipes/slurm_train.sh sft ddp configs/sft/toy.yaml --model_name_or_path models/warm --dataset data/sft/toy \
   --output_dir runs/sft/toy --max_steps 2 --save_strategy no
 # Ranks follow the order the nodes join the rendezvous: the first process may be on either node.
 test "$(cat logs/corag-sft-*-node*.log | grep -c "processes: 2")" = 1
 test -f runs/sft/toy/model.safetensors
+
+step "3b. GRPO on 2 nodes x 1 process, each node searching its own retrieval service"
+sbatch --wait --nodes=2 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
+  recipes/slurm_train.sh grpo ddp configs/grpo/toy.yaml --serve-index data/index/toy \
+  --model_name_or_path runs/sft/toy --output_dir runs/grpo/toy --questions data/toy/train.jsonl \
+  --corpus data/toy/corpus.jsonl --max_steps 2 --save_strategy no
+test "$(cat logs/corag-grpo-*-node*.log | grep -c "searches http://127.0.0.1:")" = 2
+test "$(cat logs/corag-grpo-*-node*.log | grep -c "processes: 2")" = 1
+test -f runs/grpo/toy/model.safetensors
 
 step "4. evaluation of two question sets through the node's retrieval service"
 sbatch --wait --gpus-per-node=2 --cpus-per-task=1 --mem=4G \
