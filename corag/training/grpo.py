@@ -26,7 +26,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import pad, use_adapter
+from trl.trainer.utils import pad, split_tensor_dict, use_adapter
 
 from corag.chain import CorpusLike, GenerationLimits
 from corag.errors import InputError
@@ -110,6 +110,19 @@ def check_trainer_settings(args: Any) -> None:
     if str(args.scale_rewards).lower() not in SCALES:
         raise InputError(f"advantages are scaled per group or not at all: {SCALES}", field="scale_rewards")
     check_whole_groups(args.per_device_train_batch_size, args.steps_per_generation, args.num_generations)
+
+
+def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
+    """A micro-step's rows cut to their widest prompt (left-padded) and completion (right-padded)."""
+    prompt = int(batch["prompt_mask"].sum(1).max())
+    completion = max(1, int(batch["completion_mask"].sum(1).max()))
+    cut = dict(batch)
+    for key in ("prompt_ids", "prompt_mask"):
+        cut[key] = batch[key][:, batch[key].size(1) - prompt :]
+    for key in ("completion_ids", "completion_mask", "ref_per_token_logps"):
+        if key in batch:
+            cut[key] = batch[key][:, :completion]
+    return cut
 
 
 def engine_weights(generation: Any, *, tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
@@ -206,25 +219,39 @@ class ChainGRPOTrainer(GRPOTrainer):
 
     # -- tensors -------------------------------------------------------------------------------------
 
+    def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
+        """trl's buffering of a generation batch over `steps_per_generation` micro-steps, without its
+        shuffle: rows come sorted by length (pair_batch), so each micro-step holds rows of like width and
+        is cut to its widest. The step's gradient is the same (each of the batch's rows is trained once,
+        under one normaliser for the whole batch with loss_type dapo)."""
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        steps = self.args.steps_per_generation
+        if self._step % steps == 0 or self._buffered_inputs is None:
+            batch = self._generate_and_score_completions(generation_batch)
+            self._buffered_inputs = [trim_padding(part) for part in split_tensor_dict(batch, steps)]
+        return self._buffered_inputs[self._step % steps]
+
     def pair_batch(self, pairs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Rows for trl's loss: prompts padded on the left, completions on the right, one advantage a row.
 
-        Every process gets the same number of rows, a multiple of `steps_per_generation` (trl splits the
-        batch in that many equal parts and gathers per-row metrics across processes), by rows that carry
-        no loss (completion mask 0).
+        Rows are sorted by length. Every process gets the same number of rows, a multiple of
+        `steps_per_generation` (trl splits the batch in that many equal parts and gathers per-row metrics
+        across processes), by rows that carry no loss (completion mask 0) at the start.
         """
         device = self.accelerator.device
         tokenizer = self.processing_class
         tokens = [pair_tokens(tokenizer, p, self.chat_template_kwargs) for p in pairs]
         advantages = [float(p["advantage"]) for p in pairs]
+        order = sorted(range(len(tokens)), key=lambda i: len(tokens[i][0]) + len(tokens[i][1]))
+        tokens, advantages = [tokens[i] for i in order], [advantages[i] for i in order]
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         masks = [1] * len(tokens)
         most = int(self.accelerator.gather(torch.tensor([len(tokens)], device=device)).max())
         steps = self.args.steps_per_generation
-        while len(tokens) < max(1, -(-most // steps)) * steps:
-            tokens.append(([pad_id], [pad_id]))
-            advantages.append(0.0)
-            masks.append(0)
+        extra = max(1, -(-most // steps)) * steps - len(tokens)
+        tokens = [([pad_id], [pad_id])] * extra + tokens
+        advantages, masks = [0.0] * extra + advantages, [0] * extra + masks
         prompts = [torch.tensor(p, device=device) for p, _ in tokens]
         completions = [torch.tensor(c, device=device) for _, c in tokens]
         completion_mask = [

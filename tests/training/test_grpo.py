@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-from trl import GRPOConfig
+from trl import GRPOConfig, GRPOTrainer
 
 from corag.chain import GenerationLimits
 from corag.data.corpus import Corpus
@@ -56,6 +56,7 @@ def make(
     stop_after=None,
     limits=None,
     docs=20,
+    trainer_class=None,
     **args,
 ) -> Recording:
     corpus, retriever, questions = world
@@ -66,7 +67,7 @@ def make(
         max_steps=max_steps,
         learning_rate=args.pop("learning_rate", 1e-3),
         logging_steps=1,
-        save_strategy="steps",
+        save_strategy=args.pop("save_strategy", "steps"),
         save_steps=1,
         report_to="none",
         bf16=False,
@@ -75,7 +76,7 @@ def make(
         temperature=0.7,
         **args,
     )
-    return Recording(
+    return (trainer_class or Recording)(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
         args=config,
@@ -123,6 +124,31 @@ def test_resume_continues_at_the_same_step_with_the_same_data(world, short_model
         whole.model.named_parameters(), resumed.model.named_parameters(), strict=True
     ):
         assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_micro_steps_of_like_width_give_trls_step(world, short_model_dir, tmp_path):
+    """Rows sorted by length and each micro-step cut to its widest row: the step equals the one trl's
+    own split (shuffled rows, all as wide as the widest) takes, for less compute."""
+
+    class TrlSplit(ChainGRPOTrainer):
+        def _prepare_inputs(self, generation_batch):
+            return GRPOTrainer._prepare_inputs(self, generation_batch)
+
+    runs = {}
+    for name, cls in (("ours", ChainGRPOTrainer), ("trl", TrlSplit)):
+        trainer = make(world, short_model_dir, tmp_path / name, max_steps=1, gradient_accumulation_steps=2,
+                       loss_type="dapo", save_strategy="no", optim="sgd", trainer_class=cls)  # fmt: skip
+        trainer.train()
+        runs[name] = trainer
+    ours, trl = runs["ours"], runs["trl"]  # SGD: the update is the gradient, scaled
+    for (name, a), (_, b) in zip(ours.model.named_parameters(), trl.model.named_parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-7), name
+    widths = [b["prompt_ids"].size(1) + b["completion_ids"].size(1) for b in ours._buffered_inputs]
+    full = [b["prompt_ids"].size(1) + b["completion_ids"].size(1) for b in trl._buffered_inputs]
+    assert widths[0] < widths[-1] <= full[0] == full[-1]
+    assert sum(b["advantages"].numel() for b in ours._buffered_inputs) == sum(
+        b["advantages"].numel() for b in trl._buffered_inputs
+    )
 
 
 def test_a_process_samples_whole_groups():
