@@ -606,19 +606,22 @@ def _trained_model(values: dict[str, Any]) -> ModelShape:
     return model_shape(str(model))
 
 
+def _sharding(hw: Hardware, lora: bool) -> str:
+    """The hardware's sharding, else ZeRO-3 for full fine-tuning and DDP for LoRA."""
+    return hw.sharding or ("ddp" if lora else "zero3")
+
+
 def _shards(hw: Hardware, lora: bool) -> int:
     """How many processes share each weight: all of them under ZeRO-3/FSDP, one under DDP."""
-    sharding = hw.sharding or ("ddp" if lora else "zero3")
-    return max(1, hw.nodes * hw.gpus) if sharding in ("zero3", "fsdp") else 1
+    return max(1, hw.nodes * hw.gpus) if _sharding(hw, lora) in ("zero3", "fsdp") else 1
 
 
 def _trainer_items(plan: Plan, values: dict[str, Any], shape: ModelShape, tokens: int) -> list[Item]:
     """One training process's weights, optimizer states and activations for `tokens` tokens a micro-step."""
     hw = plan.hardware
     lora = bool(values.get("use_peft"))
-    sharding = hw.sharding or ("ddp" if lora else "zero3")
+    sharding, shard = _sharding(hw, lora), _shards(hw, lora)
     world = max(1, hw.nodes * hw.gpus)
-    shard = _shards(hw, lora)
     fp32 = str(values.get("dtype", "bfloat16")) == "float32" and not values.get("bf16")
     wbytes = 4 if fp32 else 2
     items: list[Item] = []
