@@ -23,8 +23,7 @@ os.environ.update(
 
 import pytest  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("CORAG_SHARED_DATA", REPO.parent / "shared" / "data"))
+SAMPLES = Path(__file__).resolve().parent / "data" / "samples"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,9 +34,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """The real benchmark samples (../shared/data)."""
-    assert SHARED_DATA.is_dir(), f"real data samples not found at {SHARED_DATA}"
-    return SHARED_DATA
+    """The real benchmark samples, shared by the tests of every stage (tests/data/samples, its README
+    says where each file comes from)."""
+    return SAMPLES
 
 
 @pytest.fixture(scope="session")
