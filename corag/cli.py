@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "corag.commands.build_examples:main",
         "turn chains into the SFT examples dataset (Arrow), once",
     ),
+    "train": (
+        "corag.commands.train:main",
+        "run a training recipe: `corag train sft|grpo --config FILE` (also accelerate launch -m corag.recipes.sft)",
+    ),
     "iterate": (
         "corag.commands.iterate:main",
         "iterated rejection sampling: rounds of sample, train and evaluate, each round's model sampling the next",

@@ -1,30 +1,18 @@
-"""recipes/grpo.py: the shipped toy config trains from a checkpoint to a saved model, resumes, and refuses
+"""corag.recipes.grpo (recipes/grpo.py, `corag train grpo`): the shipped toy config trains from a checkpoint to a saved model, resumes, and refuses
 bad settings in one line."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from transformers import AutoModelForCausalLM
 
+from corag.recipes import grpo as recipe
 from corag.retrieval.bm25 import build_bm25_folder
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "recipes" / "grpo.py"
-
-
-def load_recipe():
-    """recipes/grpo.py as a module (it is a script, not part of the package)."""
-    if "corag_grpo_recipe" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("corag_grpo_recipe", RECIPE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["corag_grpo_recipe"]
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +33,13 @@ def flags(model: Path, out: Path, paths: list[str], *extra: str) -> list[str]:
 
 def test_the_toy_config_trains_saves_and_resumes(short_model_dir, paths, tmp_path):
     out = tmp_path / "grpo"
-    assert load_recipe().main(flags(short_model_dir, out, paths)) == 0
+    assert recipe.main(flags(short_model_dir, out, paths)) == 0
     AutoModelForCausalLM.from_pretrained(out)  # a checkpoint transformers loads
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     assert [row["step"] for row in state["log_history"] if "reward" in row] == [1, 2]
     # a rerun with more steps resumes from the last checkpoint instead of starting over
-    assert load_recipe().main(flags(short_model_dir, out, paths, "--max_steps", "3")) == 0
+    assert recipe.main(flags(short_model_dir, out, paths, "--max_steps", "3")) == 0
     state = json.loads((out / "trainer_state.json").read_text())
     assert [row["step"] for row in state["log_history"] if "reward" in row] == [1, 2, 3]
 
@@ -66,15 +54,15 @@ def test_the_toy_config_trains_saves_and_resumes(short_model_dir, paths, tmp_pat
 )
 def test_bad_settings_are_one_line(short_model_dir, paths, tmp_path, capsys, extra, field):
     with pytest.raises(SystemExit) as exit_:
-        load_recipe().main(flags(short_model_dir, tmp_path / "out", paths, *extra))
+        recipe.main(flags(short_model_dir, tmp_path / "out", paths, *extra))
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("recipes/grpo.py: error:") and field in err[-1]
+    assert err[-1].startswith("corag train grpo: error:") and field in err[-1]
 
 
 def test_a_time_limit_ends_training_after_the_step_that_passes_it(short_model_dir, paths, tmp_path):
     out = tmp_path / "grpo"
-    assert load_recipe().main(flags(short_model_dir, out, paths, "--time_limit_minutes", "0.0001")) == 0
+    assert recipe.main(flags(short_model_dir, out, paths, "--time_limit_minutes", "0.0001")) == 0
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 1  # of max_steps 2
     AutoModelForCausalLM.from_pretrained(out)
@@ -87,7 +75,7 @@ def test_the_readme_commands_parse():
     blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
     commands = [shlex.split(line.split("#")[0]) for line in lines if "recipes/grpo.py" in line]
-    parsed = [load_recipe().parse_args(words[words.index("recipes/grpo.py") + 1 :]) for words in commands]
+    parsed = [recipe.parse_args(words[words.index("recipes/grpo.py") + 1 :]) for words in commands]
     toy = [p for p in parsed if p[0].questions == "runs/quickstart/world/train.jsonl"]
     data, rollout, _, grpo, model = toy[0]
     assert (data.questions, model.model_name_or_path, grpo.num_generations) == (
@@ -99,9 +87,7 @@ def test_the_readme_commands_parse():
 
 @pytest.mark.parametrize("config", ["llama3.1-8b.yaml", "qwen3-8b.yaml", "smollm2-lora.yaml"])
 def test_the_shipped_configs_are_settings_the_trainer_takes(config):
-    data, rollout, _, grpo, model = load_recipe().parse_args(
-        ["--config", str(REPO / "configs/grpo" / config)]
-    )
+    data, rollout, _, grpo, model = recipe.parse_args(["--config", str(REPO / "configs/grpo" / config)])
     assert (grpo.per_device_train_batch_size * grpo.steps_per_generation) % grpo.num_generations == 0
     assert model.model_name_or_path.startswith("runs/sft/")  # after the SFT run
     if config.startswith("smollm2"):

@@ -1,0 +1,22 @@
+"""`corag train sft|grpo ...`: a training recipe (corag.recipes) with its flags; under several processes,
+`accelerate launch -m corag.recipes.sft ...` runs the same recipe."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# recipe name -> module whose main(argv) runs it
+RECIPES: dict[str, str] = {"grpo": "corag.recipes.grpo"}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in RECIPES:
+        print(
+            f"usage: corag train {{{','.join(RECIPES)}}} [--config FILE] [--key value ...]\n\n"
+            "`corag train RECIPE --help` lists a recipe's settings",
+            file=sys.stdout if argv and argv[0] in ("-h", "--help") else sys.stderr,
+        )
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    sys.argv[0] = f"corag train {argv[0]}"  # argparse's usage line names the recipe
+    return int(importlib.import_module(RECIPES[argv[0]]).main(argv[1:]) or 0)

@@ -1,0 +1,182 @@
+"""GRPO on chains (reinforcement with retrieval in the loop), after SFT, top to bottom.
+
+    corag train grpo --config configs/grpo/toy.yaml --model_name_or_path runs/sft/toy --output_dir runs/grpo/toy
+    accelerate launch --config_file configs/accelerate/single.yaml -m corag.recipes.grpo \
+        --config configs/grpo/toy.yaml --model_name_or_path runs/sft/toy --output_dir runs/grpo/toy
+
+(recipes/grpo.py, in a checkout, is the same program.)
+
+Each step takes a batch of training questions. For each, `num_generations` chains are sampled by the
+policy being trained (corag.training.rollout: sub-queries at `temperature`, searched in `retriever`,
+sub-answers and the final answer greedy, in the released prompt formats), rewarded by `reward` minus
+`token_cost` per 1,000 metered tokens, with advantages normalised per question; then trl's GRPO loss
+falls on every generation of every chain, never on retrieved text (corag.training.grpo). Full
+fine-tuning or LoRA (`use_peft: true`); resumes from the last checkpoint in output_dir with the same
+questions and chains; W&B goes offline without a key or network, as in the SFT recipe. Rollouts run on
+each process's own copy of the policy (transformers), or on the vLLM engine trl colocates with it
+(`use_vllm: true`, `vllm_mode: colocate`). On N nodes under Slurm:
+`sbatch --nodes=N recipes/slurm_train.sh grpo zero3 CONFIG --serve-index INDEX [--key value ...]`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+from transformers.utils import is_torch_bf16_gpu_available
+from trl import GRPOConfig, ModelConfig, get_peft_config
+
+from corag.chain import GenerationLimits
+from corag.config import parse_config
+from corag.errors import InputError
+from corag.training.grpo import check_trainer_settings
+from corag.training.recipes import attention_implementation, fail, wandb_offline_if_unreachable
+from corag.training.rollout import RolloutConfig
+
+logger = logging.getLogger("corag.grpo")
+PROG = "corag train grpo"
+
+
+@dataclass
+class RecipeArguments:
+    """The training questions, the documents and where to search them, and a wall-time limit."""
+
+    questions: str | None = field(
+        default=None, metadata={"help": "training questions (any format corag reads; gold answers needed)"}
+    )
+    corpus: str | None = field(default=None, metadata={"help": "corpus file or dataset folder"})
+    retriever: str | None = field(
+        default=None, metadata={"help": "index folder from `corag index`, or a `corag serve-retriever` URL"}
+    )
+    task: str | None = field(default=None, metadata={"help": "task of the questions (default: their own)"})
+    limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
+    time_limit_minutes: float | None = field(
+        default=None,
+        metadata={"help": "stop (and save) after the step that passes this many minutes of training"},
+    )
+
+
+CONFIGS = (RecipeArguments, RolloutConfig, GenerationLimits, GRPOConfig, ModelConfig)
+
+
+class TimeLimit(TrainerCallback):
+    """Ends training after the step during which `minutes` of wall time passed; the model is saved."""
+
+    def __init__(self, minutes: float) -> None:
+        self.seconds, self.start = minutes * 60, time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 (transformers' callback signature)
+        if time.monotonic() - self.start >= self.seconds:
+            logger.info("time limit reached after step %d", state.global_step)
+            control.should_training_stop = True
+        return control
+
+
+def parse_args(argv: list[str] | None = None) -> tuple:
+    """Config file plus command-line overrides (corag.config); bf16 only where the device has it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not is_torch_bf16_gpu_available() and "--bf16" not in argv:
+        logger.warning("bf16 is not available on this device; training in fp32")
+        argv += ["--bf16", "false"]
+    if not torch.cuda.is_available() and "--use_cpu" not in argv:
+        argv += ["--use_cpu", "true"]
+    try:
+        data, rollout, limits, grpo, model = parse_config(CONFIGS, argv, __doc__.splitlines()[0])
+        rollout.check()
+        limits.check()
+        check_trainer_settings(grpo)
+    except (ValueError, InputError) as e:
+        fail(str(e), PROG)
+    for name in ("questions", "corpus", "retriever"):
+        if getattr(data, name) is None:
+            fail(f"`{name}` is required", PROG)
+    if model.model_name_or_path is None:
+        fail("`model_name_or_path` is required (the SFT checkpoint)", PROG)
+    model.attn_implementation = attention_implementation(model.attn_implementation)
+    return data, rollout, limits, grpo, model
+
+
+def main(argv: list[str] | None = None) -> int:
+    data, rollout, limits, args, model_args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.process_index == 0 else logging.WARNING)
+    set_seed(args.seed)
+    warning = wandb_offline_if_unreachable(args.report_to, os.environ)
+    if warning and args.process_index == 0:
+        logger.warning(warning)
+
+    # 1. Resume from the last checkpoint in output_dir unless told otherwise.
+    checkpoint = args.resume_from_checkpoint
+    if checkpoint is None and os.path.isdir(args.output_dir):
+        checkpoint = get_last_checkpoint(args.output_dir)
+    if checkpoint:
+        logger.info("resuming from %s", checkpoint)
+
+    # 2. The questions with their gold answers, the corpus and the retriever the chains search.
+    from corag.commands.common import check_unique_ids
+    from corag.data.corpus import Corpus
+    from corag.data.formats import load_examples
+    from corag.retrieval import check_corpus, load_retriever
+
+    try:
+        questions = load_examples(data.questions, task=data.task)[: data.limit]
+        check_unique_ids(questions, data.questions)
+        unanswered = [q.id for q in questions if not q.answers]
+        if unanswered:
+            raise InputError(
+                "has no gold answer to reward", file=data.questions, record=unanswered[0], field="answers"
+            )
+        corpus = Corpus.load(data.corpus)
+        check_corpus(data.retriever, corpus)  # an index over another corpus is refused before the model loads
+        retriever = load_retriever(data.retriever)
+    except InputError as e:
+        fail(str(e), PROG)
+    logger.info(
+        "%d questions, %d chains each; processes: %d", len(questions), args.num_generations, args.world_size
+    )
+
+    # 3. The policy (the SFT checkpoint) and its tokenizer.
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(
+        model_args.model_name_or_path,
+        dtype=None if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),
+        attn_implementation=model_args.attn_implementation,
+    )
+
+    # 4. Train: chain rollouts, rewards and advantages are ours; the loss, optimizer and checkpoints trl's.
+    from corag.training.grpo import ChainGRPOTrainer
+
+    trainer = ChainGRPOTrainer(
+        model=model,
+        args=args,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        questions=questions,
+        corpus=corpus,
+        retriever=retriever,
+        rollout_config=rollout,
+        limits=limits,
+        callbacks=[TimeLimit(data.time_limit_minutes)] if data.time_limit_minutes else None,
+    )
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    trainer.save_state()
+
+    # 5. A checkpoint AutoModelForCausalLM loads (a LoRA adapter with use_peft).
+    trainer.save_model(args.output_dir)
+    if trainer.accelerator.is_main_process:
+        tokenizer.save_pretrained(args.output_dir)
+    logger.info("model saved to %s", args.output_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
