@@ -298,7 +298,10 @@ PageLookup = Callable[[Sequence[str]], list[str]]
 def page_rows(example: Example, record: dict[str, Any] | None, pages: PageLookup) -> dict[str, float]:
     """KILT's page-level retrieval of one question: R-precision and recall@k of the Wikipedia pages of
     its retrieved passages, the question's own list (`context_doc_ids`, the pages its KILT submission
-    cites) and the chain's lists fused by RRF. A question without gold pages scores 0, as in KILT."""
+    cites) and the chain's lists fused by RRF. A question without gold pages scores 0, as KILT counts
+    it (facebookresearch/KILT, kilt/eval_retrieval.py at c730838: `_computeRprec` gives 0 when the gold
+    set is empty, `get_ranking_metrics` leaves recall@k and precision@k at 0 without an evidence set,
+    and `compute` divides each sum by the number of questions)."""
     gold_sets = example.meta.get("evidence") or [list(example.supporting_pages)]
     if not any(gold_sets):
         return {key: 0.0 for name in ("question", "chain_rrf") for key in _page_keys(name)}
@@ -329,11 +332,14 @@ def score_records(
     0), and KILT's accuracy, ROUGE-L and KILT-variants for KILT tasks; tokens and calls per predicted
     question; EM by hop count; recall@k of gold passages (only where gold passage ids exist) for the
     question's retrieval alone and for all the chain's lists fused by RRF; with `pages` (passage ids ->
-    Wikipedia page ids), KILT's page-level R-precision and recall@k where gold pages exist. Test
-    questions (no gold answers) get no answer metrics. The official release's keys come along
-    (`num_samples`, `token_consumed`, `average_token_consumed_per_sample`). Counts of the records'
-    answers: `empty_predictions`, `answer_fallbacks` (answers a method took from free text because
-    the reply missed its format) and `parse_failures` (replies that missed the format, summed)."""
+    Wikipedia page ids), KILT's page-level R-precision and recall@k over every question of a KILT task
+    whatever the rule (0 without gold pages, as KILT counts it) and elsewhere where gold pages exist;
+    KILT-variants under KILT's rule. Test questions (no gold answers) get no answer metrics. The task
+    and the rule that scored it (`task`, `rule`: "mixed" when several; `rule_by_task`), and the
+    official release's keys (`num_samples`, `token_consumed`, `average_token_consumed_per_sample`).
+    Counts of the records' answers: `empty_predictions`, `answer_fallbacks` (answers a method took from
+    free text because the reply missed its format) and `parse_failures` (replies that missed the
+    format, summed)."""
     rows, by_hops, kilt_rows = [], defaultdict(list), []
     recall: dict[str, list[float]] = defaultdict(list)
     costs = [r for r in records if r is not None]
@@ -353,8 +359,8 @@ def score_records(
                 recall[f"recall@{k}_question"].append(recall_at_k(lists[0] if lists else [], gold, k))
                 recall[f"recall@{k}_chain_rrf"].append(recall_at_k(fused, gold, k))
         # KILT averages page metrics over every question of a KILT task (those without gold pages
-        # count 0); elsewhere, over the questions with gold pages
-        if pages is not None and (example.supporting_pages or rule == "kilt"):
+        # count 0), whatever rule scores the answers; elsewhere, over the questions with gold pages
+        if pages is not None and (example.supporting_pages or get_task(example.task).is_kilt):
             page_row = page_rows(example, record, pages)
             for key, value in page_row.items():
                 recall[key].append(value)
@@ -376,6 +382,11 @@ def score_records(
     summary["answer_fallbacks"] = sum(r.get("answer_source") == "text" for r in costs)
     summary["parse_failures"] = sum(int(r.get("parse_failures") or 0) for r in costs)
     summary["rules"] = rules
+    rule_by_task = {e.task: rule_of(e, rules) for e in examples}
+    tasks, used = set(rule_by_task), set(rule_by_task.values())
+    summary["task"] = tasks.pop() if len(tasks) == 1 else "mixed"
+    summary["rule"] = used.pop() if len(used) == 1 else "mixed"
+    summary["rule_by_task"] = rule_by_task
     summary["em_by_hops"] = {str(h): 100 * sum(v) / len(v) for h, v in sorted(by_hops.items())}
     summary.update({key: 100 * sum(v) / len(v) for key, v in sorted(recall.items())})
     summary["num_samples"] = len(examples)

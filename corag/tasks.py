@@ -8,10 +8,12 @@ spelled `kilt_<name>`; KILT's HotpotQA is `kilt_hotpotqa`, since `hotpotqa` name
 benchmark, whose answers are scored by another rule. KILT files (`hotpotqa-dev-kilt.jsonl`) name tasks
 in KILT's namespace, so there `hotpotqa` means `kilt_hotpotqa`.
 
-Where a task's name comes from, first to last: `--task`; the records (a `task` field); the file's
-name (`hotpot_dev_distractor_v1.json`, `nq-dev-kilt.jsonl`) or, for a split of a hub dataset
-(`.../kilt/nq/validation-00000-of-00001.parquet`), its folders. Nothing else is guessed: without
-any of these the loader asks for `--task`.
+Where a task's name comes from, first to last: `--task`; the records (a `task` field, or KILT's
+record layout, which puts the name in KILT's namespace); the file's name (`hotpot_dev_distractor_v1.json`,
+`nq-dev-kilt.jsonl`) or, for a split of a hub dataset (`.../kilt/nq/validation-00000-of-00001.parquet`),
+its folders. Nothing else is guessed: without any of these, or with a name that reads as two tasks
+(`hotpotqa_kilt_validation.jsonl` over records in the shared question schema: HotpotQA or KILT's
+HotpotQA, scored by different rules), the loader asks for `--task`.
 """
 
 from __future__ import annotations
@@ -151,9 +153,8 @@ def _hub_task(path: Path) -> str | None:
         return None
 
 
-def task_from_path(path: str | Path) -> str | None:
-    """The task a file's name (or its hub folders) says, or None when it says none."""
-    path = Path(path)
+def _name_says(path: Path) -> str | None:
+    """The task a file's name (or its hub folders) says, in the namespace the name implies, or None."""
     m = _KILT_FILE.match(path.name)
     if m:
         try:
@@ -169,6 +170,23 @@ def task_from_path(path: str | Path) -> str | None:
     if named:
         return max(named, key=len)
     return next((task for word, task in _BENCHMARK_WORDS if word in name), None)
+
+
+def named_tasks(path: str | Path, *, kilt: bool = False) -> tuple[str, ...]:
+    """The tasks a file's name can mean: none, one, or two. With `kilt` (the records have KILT's
+    layout) names are read in KILT's namespace. Otherwise a name or folder with the word `kilt` beside
+    a benchmark KILT holds under the same name (`hotpotqa_kilt_validation.jsonl`,
+    `kilt-hotpotqa-validation.jsonl`) could mean either: both are returned, for the caller to refuse."""
+    path = Path(path)
+    said = _name_says(path)
+    if said is None:
+        return ()
+    task = get_task(said, kilt=kilt).name
+    twin = _KILT_NAMES.get(task)  # KILT's task of the same name (hotpotqa -> kilt_hotpotqa)
+    words = re.split(r"[^a-z0-9]+", f"{path.parent.name} {path.name}".lower())
+    if not kilt and twin is not None and twin != task and "kilt" in words:
+        return (task, twin)
+    return (task,)
 
 
 def split_from_path(path: str | Path) -> str | None:

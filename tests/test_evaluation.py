@@ -661,3 +661,100 @@ def test_prediction_ids_may_be_integers_and_the_file_may_start_with_a_bom(tmp_pa
     preds.write_text(json.dumps({"query_id": True, "prediction": "a7"}) + "\n")
     with pytest.raises(InputError, match="expected a string or integer query id"):
         read_predictions(preds, examples)
+
+
+def test_kilt_page_metrics_count_every_question_whatever_the_answer_rule(tmp_path, capsys):
+    """KILT's kilt/eval_retrieval.py averages over every question of the gold file: one without gold
+    provenance scores 0 (R-precision 0 when R is 0; recall@k 0 without an evidence set). That follows
+    the task, not `--rules`. Four hand-made NQ records, pages cited through `context_doc_ids`:
+      q1: one output, provenance pages 10 and 11 (R = 2); cites 10, 30 -> Rprec 1/2;
+          recall@5: the set {10, 11} is never completed -> 0
+      q2: two outputs, pages 20 | 21; cites 21 -> Rprec max(0/1, 1/1) = 1;
+          recall@5: one of the two sets completed -> 1/2
+      q3: an output without provenance; cites 10 -> 0 and 0
+      q4: an output with an empty provenance list; cites 30 -> 0 and 0
+    Rprec = (1/2 + 1 + 0 + 0) / 4 = 37.5 points, page recall@5 = (0 + 1/2 + 0 + 0) / 4 = 12.5 points,
+    under `--rules official` and `--rules corag` alike (over q1 and q2 alone it would be 75 and 25).
+    Every answer is right; KILT-EM (KILT's rule only) counts q2 alone: 1/4 = 25 points."""
+    gold = [
+        {"id": "q1", "input": "a?", "output": [{"answer": "Ann", "provenance": [{"wikipedia_id": "10"}, {"wikipedia_id": "11"}]}]},
+        {"id": "q2", "input": "b?", "output": [{"answer": "Bob", "provenance": [{"wikipedia_id": "20"}]},
+                                               {"answer": "Bob", "provenance": [{"wikipedia_id": "21"}]}]},
+        {"id": "q3", "input": "c?", "output": [{"answer": "Cy"}]},
+        {"id": "q4", "input": "d?", "output": [{"answer": "Di", "provenance": []}]},
+    ]  # fmt: skip
+    write_jsonl(tmp_path / "nq-dev-kilt.jsonl", gold)
+    titles = {
+        "10": "Page Ten",
+        "11": "Page Eleven",
+        "20": "Page Twenty",
+        "21": "Page TwentyOne",
+        "30": "Page Thirty",
+    }
+    (tmp_path / "pages.json").write_text(json.dumps({t: p for p, t in titles.items()}))
+    write_jsonl(tmp_path / "corpus.jsonl", [{"title": t, "contents": f"{t} text"} for t in titles.values()])
+    row = {p: str(i) for i, p in enumerate(titles)}  # page -> its passage's row in the corpus
+    cites = {"q1": ["10", "30"], "q2": ["21"], "q3": ["10"], "q4": ["30"]}
+    answers = {"q1": "Ann", "q2": "Bob", "q3": "Cy", "q4": "Di"}
+    write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"query_id": q, "predictions": answers[q], "context_doc_ids": [row[p] for p in cites[q]]}
+            for q in cites
+        ],
+    )
+    for rules, rule in (("official", "kilt"), ("corag", "squad")):
+        out = tmp_path / rules
+        status, _ = evaluate(capsys, "--data", tmp_path / "nq-dev-kilt.jsonl", "--predictions", tmp_path / "p.jsonl",
+                             "--out-dir", out, "--corpus", tmp_path / "corpus.jsonl",
+                             "--page-ids", tmp_path / "pages.json", "--rules", rules)  # fmt: skip
+        assert status == 0
+        metrics = metrics_of(out)
+        assert metrics["Rprec_question"] == pytest.approx(37.5), rules
+        assert metrics["Rprec_chain_rrf"] == pytest.approx(37.5), rules
+        assert metrics["page_recall@5_question"] == pytest.approx(12.5), rules
+        assert (metrics["task"], metrics["rule"], metrics["em"]) == ("nq", rule, 100.0)
+    assert metrics_of(tmp_path / "official")["KILT-em"] == pytest.approx(25.0)
+    assert "KILT-em" not in metrics_of(tmp_path / "corag")
+    # the submission written beside the metrics scores the same under KILT's scoring
+    from corag.kilt import score_submission
+
+    scores = score_submission(tmp_path / "corag" / "kilt_submission.jsonl", tmp_path / "nq-dev-kilt.jsonl")
+    assert scores["retrieval"]["Rprec"] == pytest.approx(0.375)
+    assert scores["retrieval"]["recall@5"] == pytest.approx(0.125)
+
+
+@pytest.mark.parametrize("name", ["kilt-hotpotqa-validation.jsonl", "hotpotqa_kilt_validation.jsonl"])
+def test_a_name_that_only_suggests_the_task_is_refused_and_metrics_name_task_and_rule(name, tmp_path, capsys):
+    """Records of the shared question schema carry no KILT layout: whether a file named like KILT's
+    HotpotQA holds HotpotQA (yes/no F1 rule) or KILT's HotpotQA (none) is asked, never guessed.
+    By hand, two questions:
+      h1: gold "yes", predicted "yes, I think": KILT F1 = 2 * (1/3 * 1) / (1/3 + 1) = 1/2 (one of three
+          tokens); HotpotQA's rule: the gold is yes/no and the prediction differs -> 0
+      h2: gold "Ann Lee", predicted "Ann": P = 1, R = 1/2 -> F1 2/3 under both
+    F1 as KILT's HotpotQA (1/2 + 2/3) / 2 = 58.33 points; as HotpotQA (0 + 2/3) / 2 = 33.33; EM 0."""
+    rows = [
+        {"query_id": "h1", "query": "Is it?", "answers": ["yes"], "context_doc_ids": []},
+        {"query_id": "h2", "query": "Who?", "answers": ["Ann Lee"], "context_doc_ids": []},
+    ]
+    data = tmp_path / name
+    write_jsonl(data, rows)
+    write_jsonl(tmp_path / "p.jsonl", [{"query_id": "h1", "predictions": "yes, I think"},
+                                       {"query_id": "h2", "predictions": "Ann"}])  # fmt: skip
+    base = ["--data", data, "--predictions", tmp_path / "p.jsonl", "--out-dir", tmp_path / "o"]
+    status, err = evaluate(capsys, *base)
+    assert status == 2 and err.count("\n") == 1 and "pass --task hotpotqa or --task kilt_hotpotqa" in err
+    assert f"{name}, line 1, id 'h1', field 'task'" in err
+    assert not (tmp_path / "o" / "metrics.json").exists()
+    for task, rule, f1 in (("kilt_hotpotqa", "kilt", 100 * 7 / 12), ("hotpotqa", "hotpotqa", 100 / 3)):
+        assert evaluate(capsys, *base, "--task", task)[0] == 0
+        metrics = metrics_of(tmp_path / "o")
+        assert (metrics["task"], metrics["rule"], metrics["rule_by_task"]) == (task, rule, {task: rule})
+        assert metrics["f1"] == pytest.approx(f1) and metrics["em"] == 0.0
+    # the same questions in KILT's layout say their namespace: KILT's HotpotQA, no --task needed
+    kilt = [{"id": r["query_id"], "input": r["query"], "output": [{"answer": r["answers"][0]}]} for r in rows]
+    write_jsonl(data, kilt)
+    assert evaluate(capsys, *base)[0] == 0
+    metrics = metrics_of(tmp_path / "o")
+    assert (metrics["task"], metrics["rule"]) == ("kilt_hotpotqa", "kilt")
+    assert metrics["f1"] == pytest.approx(100 * 7 / 12)

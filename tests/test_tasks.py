@@ -6,7 +6,7 @@ import pytest
 
 from corag.errors import InputError
 from corag.prompts import task_description
-from corag.tasks import TASKS, get_task, split_from_path, task_from_path
+from corag.tasks import TASKS, get_task, named_tasks, split_from_path
 
 # The KILT tasks the CoRAG paper reports (hidden test set), with its Table 10 descriptions.
 PAPER = {
@@ -90,5 +90,29 @@ def test_names_aliases_and_the_kilt_namespace():
     ],
 )
 def test_what_file_names_say(path, task, split):
-    assert task_from_path(path) == task
+    assert named_tasks(path) == ((task,) if task else ())
     assert split_from_path(path) == split
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "kilt-hotpotqa-validation.jsonl",
+        "hotpotqa_kilt_validation.jsonl",
+        "data/kilt/hotpotqa_validation.jsonl",  # the word in the folder
+        "KILT_hotpot_dev.jsonl",
+    ],
+)
+def test_a_name_that_only_suggests_hotpotqa_beside_kilt_means_two_tasks(path):
+    """HotpotQA and KILT's HotpotQA are scored by different rules (yes/no F1 0, or not): a name with
+    `kilt` beside `hotpotqa` could mean either unless the records are KILT's."""
+    assert named_tasks(path) == ("hotpotqa", "kilt_hotpotqa")
+    assert named_tasks(path, kilt=True) == ("kilt_hotpotqa",)  # KILT records: KILT's namespace
+
+
+def test_a_name_that_reads_as_one_task_stays_one():
+    assert named_tasks("kilt_hotpotqa_dev.jsonl") == ("kilt_hotpotqa",)  # the task's own name
+    assert named_tasks("hotpotqa-dev-kilt.jsonl") == ("kilt_hotpotqa",)  # KILT's own file name
+    assert named_tasks("nq_kilt_dev.jsonl") == ("nq",)  # KILT alone has an NQ task
+    assert named_tasks("corag/kilt/hotpotqa/validation-00000-of-00001.parquet") == ("kilt_hotpotqa",)
+    assert named_tasks("hotpotqa_validation.jsonl") == ("hotpotqa",)

@@ -40,7 +40,7 @@ from corag.data.jsonl import (
     open_parquet,
 )
 from corag.errors import InputError
-from corag.tasks import get_task, task_from_path
+from corag.tasks import get_task, named_tasks
 from corag.types import Example, Step
 
 PathLike = str | Path
@@ -157,7 +157,8 @@ def _task_name(
     where: dict[str, Any] | None = None,
 ) -> str:
     """A record's task: `given` (the command's `--task`), else the record's own `task` field, else the
-    format's (`default`), else the file's name; else an InputError asking for `--task`."""
+    format's (`default`), else the file's name (in KILT's namespace with `kilt`: the records are KILT's);
+    else, or where the name could mean two tasks, an InputError asking for `--task`."""
     if given:
         return get_task(given, kilt=kilt, field="--task").name
     where = where or {"file": None if path is None else str(path)}
@@ -165,9 +166,16 @@ def _task_name(
         return get_task(own, kilt=kilt, **where).name
     if default:
         return default
-    named = task_from_path(path) if path is not None else None
+    named = named_tasks(path, kilt=kilt) if path is not None else ()
+    if len(named) == 1:
+        return named[0]
     if named:
-        return get_task(named, kilt=kilt).name
+        raise InputError(
+            f"the file name could mean {' or '.join(named)}, scored by different rules, and the records "
+            f"carry no task; pass --task {' or --task '.join(named)}",
+            field="task",
+            **where,
+        )
     raise InputError(
         "cannot tell the task from the records or the file name; pass --task (e.g. hotpotqa, nq, "
         "kilt_hotpotqa; `corag.tasks` lists them)",
