@@ -18,7 +18,7 @@ BACKENDS = {
     "corag.lm.render",
     "corag.lm.settings",
 }
-COMMAND_LAYER = ("corag.commands", "corag.cli")
+COMMAND_LAYER = ("corag.commands", "corag.cli", "corag.recipes")
 # docs/architecture.md's layers, from the ground up: a module imports only from its own layer or those before.
 LAYERS = [
     [
@@ -29,6 +29,7 @@ LAYERS = [
         "corag.metrics",
         "corag.config",
         "corag.scaling",
+        "corag.resources",
     ],
     ["corag.data"],
     ["corag.lm.base", "corag.retrieval.base", "corag.prompts"],
@@ -45,7 +46,7 @@ LAYERS = [
         "corag.plan",
     ],
     ["corag.toy"],
-    ["corag.commands", "corag.cli"],
+    ["corag.commands", "corag.cli", "corag.recipes"],
 ]
 
 

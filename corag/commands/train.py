@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # recipe name -> module whose main(argv) runs it
-RECIPES: dict[str, str] = {"grpo": "corag.recipes.grpo"}
+RECIPES: dict[str, str] = {"sft": "corag.recipes.sft", "grpo": "corag.recipes.grpo"}
 
 
 def main(argv: list[str]) -> int:

@@ -4,7 +4,6 @@ for SFT and for GRPO with each node's own retrieval service."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,22 +13,13 @@ from pathlib import Path
 import pytest
 
 from corag.errors import InputError
+from corag.recipes import sft as recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def load_recipe():
-    """recipes/sft.py as a module (it is a script, not part of the package), shared with test_sft.py."""
-    if "corag_sft_recipe" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("corag_sft_recipe", REPO / "recipes" / "sft.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["corag_sft_recipe"]
-
-
 def test_accumulation_keeps_the_effective_batch():
-    steps = load_recipe().accumulation_steps
+    steps = recipe.accumulation_steps
     assert [steps(256, 4, n) for n in (1, 8, 16, 64)] == [64, 8, 4, 1]
     assert steps(1024, 4, 8) == 32 and steps(1024, 4, 16) == 16
     with pytest.raises(
@@ -41,7 +31,6 @@ def test_accumulation_keeps_the_effective_batch():
 
 
 def test_the_recipe_derives_accumulation_from_the_world_size(monkeypatch, capsys):
-    recipe = load_recipe()
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     _, args, sft, _ = recipe.parse_args(["--config", str(REPO / "configs/sft/llama3.1-8b-full.yaml")])
     assert args.effective_batch_size == 256 and sft.gradient_accumulation_steps == 64  # 1 process
@@ -55,7 +44,7 @@ def test_the_recipe_derives_accumulation_from_the_world_size(monkeypatch, capsys
 
 
 def test_wandb_goes_offline_without_a_key_or_network(tmp_path):
-    fallback = load_recipe().wandb_offline_if_unreachable
+    fallback = recipe.wandb_offline_if_unreachable
     never = lambda url: False  # noqa: E731
     always = lambda url: True  # noqa: E731
     env = {"NETRC": str(tmp_path / "none")}

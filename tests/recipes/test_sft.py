@@ -1,8 +1,7 @@
-"""recipes/sft.py end to end on CPU: LoRA and full fine-tuning, two processes, resume, merge, reload."""
+"""corag.recipes.sft (recipes/sft.py, `corag train sft`) end to end on CPU: LoRA and full fine-tuning, two processes, resume, merge, reload."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -18,21 +17,11 @@ from datasets import load_from_disk
 from safetensors.torch import load_file
 from transformers.utils import is_torch_bf16_gpu_available
 
+from corag.recipes import sft as recipe
 from corag.training.dataset import ExamplesConfig
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "recipes" / "sft.py"
 ACCELERATE = Path(sys.executable).parent / "accelerate"
-
-
-def load_recipe():
-    """recipes/sft.py as a module (it is a script, not part of the package)."""
-    if "corag_sft_recipe" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("corag_sft_recipe", RECIPE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["corag_sft_recipe"]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +52,7 @@ def toy_run(toy_world, toy_dir, tiny_model_dir, tmp_path_factory) -> dict[str, s
 def launch(
     toy_run: dict, out: Path, *extra: str, accelerate: list[str] | None = None, config: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """Run the recipe with the toy config (or `config`, without chains), as a user would (accelerate launch)."""
+    """Run the recipe with the toy config (or `config`, without chains), as a user would (accelerate launch -m)."""
     args = ["--config", str(config or REPO / "configs/sft/toy.yaml"), "--output_dir", str(out)]
     args += [
         "--learning_rate",
@@ -82,7 +71,7 @@ def launch(
         "launch",
         *(accelerate or ["--config_file", str(REPO / "configs/accelerate/single.yaml")]),
     ]
-    cmd += [str(RECIPE), *args, "--max_length", "512", "--logging_steps", "1", *extra]
+    cmd += ["-m", "corag.recipes.sft", *args, "--max_length", "512", "--logging_steps", "1", *extra]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
@@ -116,7 +105,6 @@ def decode(model_dir: Path) -> str:
 
 
 def test_unknown_config_key_is_named(tmp_path, toy_run, capsys):
-    recipe = load_recipe()
     config = tmp_path / "bad.yaml"
     config.write_text((REPO / "configs/sft/toy.yaml").read_text() + "\nlearning_rat: 0.1\n")
     with pytest.raises(SystemExit):
@@ -139,7 +127,6 @@ def test_shipped_configs_parse(name, monkeypatch):
     paths = (
         ["--model_name_or_path", "m", "--dataset", "d"] if name == "toy" else []
     )  # given on the command line
-    recipe = load_recipe()
     data, recipe_args, sft, model = recipe.parse_args(["--config", str(path), *paths])
     if name != "toy":  # the paper's settings: 1 epoch, 100 warmup steps, max length 3072 + template
         assert (sft.num_train_epochs, sft.warmup_steps, sft.max_length) == (1, 100, 3200)
@@ -171,7 +158,7 @@ def test_shipped_examples_configs_parse(name):
         examples_dataset.ExamplesConfig, ["--config", str(REPO / f"configs/examples/{name}.yaml")]
     )
     assert config.ratio == 0.2 and config.tokenizer.split("/")[1].lower().startswith(name.split("-")[0][:5])
-    sft = load_recipe().parse_args(["--config", str(REPO / f"configs/sft/{name}-full.yaml")])[0]
+    sft = recipe.parse_args(["--config", str(REPO / f"configs/sft/{name}-full.yaml")])[0]
     assert sft.dataset == config.dataset  # each SFT config trains on what its examples config builds
 
 
@@ -179,14 +166,13 @@ def test_shipped_examples_configs_parse(name):
 def test_bf16_on_request_trains_on_the_cpu_in_autocast():
     config = str(REPO / "configs/sft/toy.yaml")
     paths = ["--model_name_or_path", "m", "--dataset", "d"]
-    _, _, sft, _ = load_recipe().parse_args(["--config", config, *paths, "--bf16", "true"])
+    _, _, sft, _ = recipe.parse_args(["--config", config, *paths, "--bf16", "true"])
     assert sft.bf16 and sft.use_cpu
-    _, _, sft, _ = load_recipe().parse_args(["--config", config, *paths])
+    _, _, sft, _ = recipe.parse_args(["--config", config, *paths])
     assert not sft.bf16 and not sft.use_cpu
 
 
 def test_bad_chain_record_stops_the_recipe(tmp_path, toy_run):
-    recipe = load_recipe()
     lines = Path(toy_run["chains"]).read_text().splitlines()
     record = json.loads(lines[1])
     record["subanswers"] = record["subanswers"][:-1]
@@ -201,7 +187,6 @@ def test_bad_chain_record_stops_the_recipe(tmp_path, toy_run):
 
 
 def test_a_dataset_that_was_not_built_is_named(tmp_path, toy_run):
-    recipe = load_recipe()
     from corag.errors import InputError
 
     data = ExamplesConfig(dataset=str(tmp_path / "nothing"))
@@ -317,7 +302,6 @@ def test_two_processes_reach_the_loss_of_one_with_the_doubled_batch(toy_run, tmp
 def test_min_score_trains_only_on_chains_that_reach_it(tmp_path, toy_run):
     from corag.errors import InputError
 
-    recipe = load_recipe()
     lines = Path(toy_run["chains"]).read_text().splitlines()[:4]
     records = [
         {**json.loads(line), "score": s} for line, s in zip(lines, (-0.1, -3.0, -0.5, -8.0), strict=True)
@@ -343,7 +327,6 @@ def test_min_score_trains_only_on_chains_that_reach_it(tmp_path, toy_run):
 def test_prebuilt_example_files_become_a_dataset_once(tmp_path, toy_run):
     from corag.training import examples as sft
 
-    recipe = load_recipe()
     records = [
         {
             "prompt": [{"role": "user", "content": f"question {i}"}],
@@ -367,7 +350,6 @@ def test_prebuilt_example_files_become_a_dataset_once(tmp_path, toy_run):
 def test_examples_are_reused_only_with_the_same_data_settings(tmp_path, toy_run):
     from corag.errors import InputError
 
-    recipe = load_recipe()
     data = ExamplesConfig(chains=toy_run["chains"], corpus=toy_run["corpus"])
     model, run = toy_run["model_name_or_path"], str(tmp_path / "run")
     built = recipe.prepare_examples(data, model, run)
@@ -409,7 +391,7 @@ def test_scoring_only_labelled_positions_keeps_loss_and_gradients(tiny_model_dir
 
     assert not trl_utils._use_triton(torch.device("cpu"))
     full_loss, full_grad = loss_and_grad()
-    load_recipe().score_only_labelled_positions()
+    recipe.score_only_labelled_positions()
     assert trl_utils._use_triton(torch.device("cpu"))
     loss, grad = loss_and_grad()
     assert scored == [2 * 39, 5 + 2]  # every shifted position, then only the labelled ones
@@ -420,7 +402,6 @@ def test_scoring_only_labelled_positions_keeps_loss_and_gradients(tiny_model_dir
 def test_scoring_only_labelled_positions_fails_loudly_when_trl_changes(monkeypatch):
     import trl.trainer.utils as trl_utils
 
-    recipe = load_recipe()
     monkeypatch.setattr(trl_utils, "add_fused_lm_head", lambda model: None)  # a head that no longer asks
     with pytest.raises(RuntimeError, match=r"trl .* no longer switches its fused LM head"):
         recipe.score_only_labelled_positions()

@@ -5,7 +5,6 @@ adapter and merges it; the merged model reloads, equals base plus adapter, and p
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ from corag.decoding.greedy import greedy
 from corag.executor import Context, Executor
 from corag.lm.base import ScoreRequest
 from corag.lm.hf import HFLM
+from corag.recipes import sft as recipe
 from corag.retrieval.dense import DenseRetriever, Encoder
 from corag.sampling import SamplingConfig, sample_question
 
@@ -71,19 +71,9 @@ def train(model: Path, chains: Path, corpus: Path, out: Path) -> subprocess.Comp
     return result
 
 
-def load_recipe():
-    """recipes/sft.py as a module (it is a script, not part of the package)."""
-    if "corag_sft_recipe" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("corag_sft_recipe", REPO / "recipes/sft.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["corag_sft_recipe"]
-
-
 def test_the_cpu_config_bounds_memory_with_activation_checkpointing():
     """configs/sft/smollm2-lora.yaml: LoRA with activation checkpointing, as measured (6.3 GB -> 3.0 GB)."""
-    _, _, sft, model = load_recipe().parse_args(["--config", str(REPO / "configs/sft/smollm2-lora.yaml")])
+    _, _, sft, model = recipe.parse_args(["--config", str(REPO / "configs/sft/smollm2-lora.yaml")])
     assert model.use_peft and sft.activation_checkpointing and sft.packing
     assert sft.activation_checkpointing_kwargs == {"use_reentrant": False}
 
