@@ -28,6 +28,7 @@ from typing import Any
 
 from corag.data.jsonl import atomic_write, check_output, iter_jsonl
 from corag.errors import InputError
+from corag.resources import CONFIGS, SFT_RECIPE
 from corag.sampling import SamplingConfig
 
 INITS = ("base", "last")
@@ -54,8 +55,13 @@ class IterateConfig:
     limit: int | None = field(default=None, metadata={"help": "only the first N training questions"})
     eval_limit: int | None = field(default=None, metadata={"help": "only the first N held-out questions"})
     methods: list[str] = field(default_factory=lambda: ["greedy:L=3"], metadata={"help": "evaluations"})
-    recipe: str = field(default="recipes/sft.py", metadata={"help": "the SFT recipe, a path"})
-    sft_config: str = field(default="configs/sft/toy.yaml", metadata={"help": "the recipe's config"})
+    recipe: str = field(
+        default=str(SFT_RECIPE), metadata={"help": "the SFT recipe, a path (default: the package's)"}
+    )
+    sft_config: str = field(
+        default=str(CONFIGS / "sft/toy.yaml"),
+        metadata={"help": "the recipe's config, a path (default: the package's toy config)"},
+    )
     sft_args: str = field(default="", metadata={"help": 'more recipe flags, one string: "--max_steps 10"'})
 
     def check(self) -> None:

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from corag.config import parse_config
 from corag.iterate import IterateConfig, iterate
+from corag.resources import CONFIGS
 from corag.sampling import SamplingConfig
+
+TOY = CONFIGS / "iterate/toy.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`corag iterate --config configs/iterate/toy.yaml [--key value ...]`: each round's fine-tuned model
-    samples the next round's chains; a rerun of the same --out_dir resumes at the first unfinished stage."""
+    """`corag iterate [--config FILE] [--key value ...]`: each round's fine-tuned model samples the next
+    round's chains; a rerun of the same --out_dir resumes at the first unfinished stage. Without --config,
+    the package's configs/iterate/toy.yaml: two rounds from `corag quickstart`'s model, in its folder."""
+    argv = list(argv or [])
+    if not any(a == "--config" or a.startswith("--config=") for a in argv):
+        argv = ["--config", str(TOY), *argv]
     cfg, sampling = parse_config((IterateConfig, SamplingConfig), argv, description=main.__doc__)
     rows = iterate(cfg, sampling)
     print(f"{len(rows)} round(s) in {cfg.out_dir}: rounds.md, rounds.json")

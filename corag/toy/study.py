@@ -23,6 +23,7 @@ from typing import Any
 from corag.data.jsonl import check_output
 from corag.errors import InputError
 from corag.iterate import check_same_settings, run_recipe, stage
+from corag.resources import CONFIGS, SFT_RECIPE
 
 # judge_headroom's counts of questions, per hop count (summed over seeds by benchmarks/toyworld.py).
 JUDGE_COUNTS = ("questions", "greedy", "any", "penalty", "link_check")
@@ -134,10 +135,13 @@ class StudyConfig:
     )
     # Fine-tuning (CoRAG and the single-step baseline share the config and the number of steps).
     recipe: str = field(
-        default="recipes/sft.py",
-        metadata={"help": "the SFT recipe the fine-tunings run, a path from the working directory"},
+        default=str(SFT_RECIPE),
+        metadata={"help": "the SFT recipe the fine-tunings run, a path (default: the package's)"},
     )
-    sft_config: str = "configs/sft/toy.yaml"
+    sft_config: str = field(
+        default=str(CONFIGS / "sft/toy.yaml"),
+        metadata={"help": "the recipe's config, a path (default: the package's toy config)"},
+    )
     sft_epochs: float | None = field(
         default=None, metadata={"help": "overrides num_train_epochs of sft_config (CoRAG fine-tuning)"}
     )
@@ -293,11 +297,11 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     from corag.sampling import SamplingConfig, run_sampling
     from corag.toy.world import generate_world
 
-    if not cfg.warm_only:  # fine-tuning reads both from the checkout; a missing one fails before any stage
+    if not cfg.warm_only:  # fine-tuning reads both; a missing one fails before any stage
         for name in ("recipe", "sft_config"):
             if not Path(getattr(cfg, name)).is_file():
                 raise InputError(
-                    f"not found from {Path.cwd()}; run from the checkout or give the file's path",
+                    f"not found from {Path.cwd()}",
                     file=getattr(cfg, name),
                     field=name,
                 )

@@ -73,9 +73,11 @@ def test_the_readme_commands_parse():
     import shlex
 
     blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
-    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
-    commands = [shlex.split(line.split("#")[0]) for line in lines if "recipes/grpo.py" in line]
-    parsed = [recipe.parse_args(words[words.index("recipes/grpo.py") + 1 :]) for words in commands]
+    text = "\n".join(blocks).replace("\\\n", " ").replace("corag train grpo", "-m corag.recipes.grpo")
+    commands = [
+        line.split("-m corag.recipes.grpo")[1] for line in text.splitlines() if "corag.recipes.grpo" in line
+    ]
+    parsed = [recipe.parse_args(shlex.split(args, comments=True)) for args in commands]
     toy = [p for p in parsed if p[0].questions == "runs/quickstart/world/train.jsonl"]
     data, rollout, _, grpo, model = toy[0]
     assert (data.questions, model.model_name_or_path, grpo.num_generations) == (

@@ -1,5 +1,5 @@
 """The whole toy-world study (the quickstart's loop) end to end at a reduced size: every stage runs
-for real (MiniLM index, warm start, rejection sampling, fine-tuning through recipes/sft.py, the
+for real (MiniLM index, warm start, rejection sampling, fine-tuning through the SFT recipe, the
 single-step baseline, evaluation of every method), and an interrupted study resumes."""
 
 from __future__ import annotations
