@@ -5,14 +5,25 @@ transformers' `HfArgumentParser` (which it extends): each field of each dataclas
 (or `--field-name`) flag; a YAML file given with `--config` supplies defaults for any of them, and a
 `base: other.yaml` key in it lays the file over another. A field whose metadata holds
 `positional=True` is a positional argument instead (`corag index CORPUS`).
+
+One rule decides between the file and the command line: a flag wins over the file's key, and
+`--KEY none` (or `null`) unsets a key whose default is None, whatever the file says: with
+`configs/sft/smollm2-lora.yaml`, `--chains none --dataset DIR` trains on DIR instead of its chains.
+
+Every mistake is one InputError, which the `corag` command and the recipes print as one line with exit
+status 2: an unknown or misspelled flag or config key names the closest known one (`unknown flag
+--datset; did you mean --dataset?`), as do flags renamed since an earlier release (RENAMED); argparse's
+own errors (a missing or badly typed value) and a dataclass refusing its values come the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar, get_origin, overload
+from typing import Any, NoReturn, TypeVar, get_origin, overload
 
 import yaml
 from transformers import HfArgumentParser
@@ -21,9 +32,17 @@ from corag.errors import InputError
 
 T = TypeVar("T")
 
+# Flags and keys renamed since an earlier release: old name -> the field that took its place.
+RENAMED = {"fmt": "format", "output": "dataset"}
+UNSET = ("none", "null")  # `--KEY none`: the key's default (None), whatever the config file says
+
 
 class ConfigParser(HfArgumentParser):
-    """HfArgumentParser whose fields may be positional (`metadata={"positional": True}`)."""
+    """HfArgumentParser whose fields may be positional (`metadata={"positional": True}`) and whose errors
+    are InputErrors (one line where they are caught), not a usage text and SystemExit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InputError(message)
 
     @staticmethod
     def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
@@ -56,35 +75,119 @@ def parse_config(classes: Any, argv: list[str] | None, description: str = "") ->
     """Build `classes` (one dataclass, or a tuple of them) from `--config file.yaml` (if given)
     overridden by flags; returns one instance, or a tuple in the order of `classes`.
 
-    A YAML key that names no field of any of the classes is an InputError naming the file and the key;
-    fields required on the command line are satisfied by the file; an unknown flag is argparse's usual
-    error.
+    Fields required on the command line are satisfied by the file. Every mistake is an InputError in
+    one line (see the module's docstring).
     """
     single = isinstance(classes, type)
     classes = (classes,) if single else tuple(classes)
-    pre = argparse.ArgumentParser(add_help=False)
+    values = _parse(classes, argv, description, required=True)
+    built = []
+    for cls in classes:
+        try:
+            built.append(cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.init}))
+        except InputError:
+            raise
+        except ValueError as error:  # the dataclass's own check of its values (trl's, transformers')
+            raise InputError(str(error)) from None
+    return built[0] if single else tuple(built)
+
+
+def read_config(classes: Iterable[type], argv: list[str]) -> dict[str, Any]:
+    """Every field of `classes` as `argv` (`--config FILE` and flags) gives it, refused as parse_config
+    refuses (unknown keys, bad values), but neither required nor built into the dataclasses: a stage's
+    config read on another machine than the stage's (`corag plan`), where checks of the device do not hold.
+    """
+    return _parse(tuple(classes), argv, "", required=False)
+
+
+def _parse(
+    classes: tuple[type, ...], argv: list[str] | None, description: str, required: bool
+) -> dict[str, Any]:
+    """The value of each field of `classes` from the config file and the flags (see parse_config)."""
+    pre = ConfigParser(add_help=False)
     pre.add_argument("--config")
     known, rest = pre.parse_known_args(argv)
     parser = ConfigParser(classes, description=description)
     parser.add_argument("--config", help="YAML file of settings (keys: field names); flags override it")
+    fields = [f for cls in classes for f in dataclasses.fields(cls) if f.init]
     if known.config:
-        values = known_keys(known.config, {f.name for cls in classes for f in dataclasses.fields(cls)})
+        values = known_keys(known.config, {f.name for f in fields})
         parser.set_defaults(**values)
         for action in parser._actions:
             if action.dest in values:
                 action.required = False
                 if not action.option_strings:  # a positional the file supplies may be left out
                     action.nargs = "*" if action.nargs == "+" else "?"
-    parsed = parser.parse_args_into_dataclasses(args=rest, look_for_args_file=False)
-    return parsed[0] if single else tuple(parsed[: len(classes)])  # the rest: the --config namespace
+    rest, unset = _unset_flags(parser, rest, {f.name for f in fields if f.default is None})
+    needed = [action for action in parser._actions if action.required]
+    for action in needed:  # a misspelled flag is named before the flag it leaves missing
+        action.required = False
+    namespace, extra = parser.parse_known_args(rest)
+    if extra:
+        _refuse_unknown(parser, extra)
+    if needed and required:
+        for action in needed:
+            action.required = True
+        namespace, _ = parser.parse_known_args(rest)  # argparse's check of the required ones
+    return {f.name: None if f.name in unset else getattr(namespace, f.name) for f in fields}
+
+
+def _unset_flags(
+    parser: argparse.ArgumentParser, argv: list[str], nullable: set[str]
+) -> tuple[list[str], list[str]]:
+    """`argv` without its `--KEY none` pairs (KEY a field whose default is None), and those fields."""
+    flags = {
+        option: action.dest
+        for action in parser._actions
+        if action.dest in nullable
+        for option in action.option_strings
+    }
+    kept: list[str] = []
+    unset: list[str] = []
+    words = iter(argv)
+    for word in words:
+        flag, equals, value = word.partition("=")
+        if flag in flags and equals and value.lower() in UNSET:
+            unset.append(flags[flag])
+        elif word in flags and (following := next(words, None)) is not None:
+            if following.lower() in UNSET:
+                unset.append(flags[word])
+            else:
+                kept += [word, following]
+        else:
+            kept.append(word)
+    return kept, unset
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, extra: list[str]) -> NoReturn:
+    """The first flag argparse did not know, with the closest one it knows (or, without a flag among
+    them, the stray values)."""
+    flags = [word.partition("=")[0] for word in extra if word.startswith("-") and word != "-"]
+    if not flags:
+        raise InputError(f"unrecognized arguments: {' '.join(extra)}")
+    known = [option for option in parser._option_string_actions if option.startswith("--")]
+    close = _closest(flags[0], known, "--")
+    raise InputError(f"unknown flag {flags[0]}; " + (f"did you mean {close}?" if close else "see --help"))
+
+
+def _closest(name: str, known: list[str], prefix: str = "") -> str | None:
+    """The known name `name` was renamed to, else the closest to it (None when none is close)."""
+    renamed = prefix + RENAMED.get(name.removeprefix(prefix).replace("-", "_"), "")
+    if renamed in known:
+        return renamed
+    close = difflib.get_close_matches(name, known, n=1)
+    return close[0] if close else None
 
 
 def known_keys(path: str, names: set[str]) -> dict[str, Any]:
-    """The YAML mapping of config file `path`; a key outside `names` is an InputError naming it."""
+    """The YAML mapping of config file `path`; a key outside `names` is an InputError naming it and the
+    closest known key."""
     values = load_yaml(path)
     for key in values:
         if key not in names:
-            raise InputError(f"unknown config key; known keys: {sorted(names)}", file=path, field=key)
+            close = _closest(str(key), sorted(names))
+            hint = f"did you mean {close}?" if close else "see --help"
+            raise InputError(f"unknown config key; {hint}", file=path, field=key)
     return values
 
 
