@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -208,3 +210,79 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(shared_data, t
     for name in ("musique_ans_v1.0_dev", "musique_ans_v1.0_train"):
         assert main(["corpus", "from-contexts", str(hotpot), "--out", str(tmp_path / f"{name}.jsonl")]) == 0
         assert (tmp_path / f"{name}.questions.jsonl").is_file()
+
+
+# A misspelled flag or config key, in every command and recipe: one line naming the closest one ---------
+
+# Commands whose first word is a subcommand, and the one their flags are tried on (a new command of this
+# kind fails the test below until it is named here).
+SUBCOMMAND = {"corpus": ["prepare"], "models": ["smollm2"], "train": ["sft"]}
+# `corag plan`'s config is the stage's: its key is tried in a sampling config.
+PLAN_CONFIG = REPO / "configs/sampling/toy.yaml"
+
+
+def misspell(flag: str) -> str:
+    """A flag or key with its first letter doubled: close to it, and no flag's prefix (argparse takes those)."""
+    name = flag.removeprefix("--")
+    return flag.removesuffix(name) + name[0] + name
+
+
+def run(argv: list[str], capsys) -> tuple[int, str]:
+    """Exit status and stderr of `corag ARGV` (recipes end in SystemExit, as the processes they are)."""
+    try:
+        status = main(argv)
+    except SystemExit as exit_:
+        status = exit_.code
+    return status, capsys.readouterr().err
+
+
+def one_line(status: int, err: str, name: str, end: str) -> None:
+    """`corag NAME [SUBCOMMAND]: error: ...END`, alone on stderr, and exit status 2."""
+    assert status == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"corag {name}") and ": error: " in err and err.endswith(f"{end}\n"), err
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_misspelled_flag_or_key_is_one_line_naming_the_closest(name, tmp_path, capsys):
+    command = [name, *SUBCOMMAND.get(name, [])]
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    helped = capsys.readouterr().out
+    flags = [f for f in re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*\b(?!-)", helped) if f != "--help"]
+    flag = next((f for f in flags if f != "--config"), "--config")
+    status, err = run([*command, misspell(flag)], capsys)
+    one_line(status, err, name, f"unknown flag {misspell(flag)}; did you mean {flag}?")
+
+    if name == "plan":
+        key, base = "temperature", f"base: {PLAN_CONFIG}\n"
+    else:
+        positional = re.findall(r"positional arguments:\n\s+([A-Z_]+)", helped)
+        key, base = flag[2:] if flag != "--config" else positional[0].lower(), ""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"{base}{misspell(key)}: 1\n")
+    status, err = run([*command, "--config", str(config)], capsys)
+    one_line(status, err, name, f"{config}, field '{misspell(key)}': unknown config key; did you mean {key}?")
+
+
+def load_script(path: Path):
+    spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script", ["recipes/sft.py", "recipes/grpo.py"])
+def test_a_recipe_names_the_closest_flag_or_key_in_one_line(script, tmp_path, capsys):
+    recipe = load_script(REPO / script)
+    config = tmp_path / "c.yaml"
+    config.write_text("learnig_rate: 0.1\n")
+    for argv, end in [
+        (["--learnig_rate", "0.1"], "unknown flag --learnig_rate; did you mean --learning_rate?"),
+        (["--config", str(config)], f"{config}, field 'learnig_rate': unknown config key; did you mean learning_rate?"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            recipe.main([*argv, "--bf16", "false"])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2
+        assert err.count("\n") == 1 and "Traceback" not in err and err.endswith(f": error: {end}\n"), err

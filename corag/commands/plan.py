@@ -4,15 +4,28 @@ Per GPU it lists model weights and the vLLM engine's share, dense index shards, 
 weights, gradients, Adam states and activations, and host memory per process (corag.plan). The
 hardware comes from the flags or, when they are not given, from the config's `# hardware:` line; a
 `# beside: corag serve-retriever ...` line adds the retrieval service that shares the node's GPUs.
+The config is read with the dataclasses of the stage's own command or recipe, so a key or value they
+refuse is refused here too.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
+from typing import Any
 
-from corag.config import load_yaml, parse_config
+from corag.config import load_yaml, parse_config, read_config
 from corag.errors import InputError
 from corag.plan import SHARDINGS, STAGES, Hardware, detect_stage, parse_memory, plan_stage, read_header
+
+# stage -> the config dataclasses its command or recipe parses ("module:attribute", imported when planned)
+STAGE_CONFIGS: dict[str, str] = {
+    "sample": "corag.commands.sample:CONFIGS",
+    "evaluate": "corag.commands.evaluate:CONFIGS",
+    "serve": "corag.commands.serve_retriever:CONFIGS",
+    "sft": "corag.recipes.sft:CONFIGS",
+    "grpo": "corag.recipes.grpo:CONFIGS",
+}
 
 
 @dataclass
@@ -40,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = ["--config_file" if a == "--config" else a for a in (argv or [])]
     argv = [a for a in argv if a != "--config_file"] if "--config_file" in argv else argv
     args = parse_config(PlanArgs, argv, __doc__.splitlines()[0])
-    values = load_yaml(args.config_file)
+    stage = args.stage or detect_stage(load_yaml(args.config_file), args.config_file)
+    values = stage_values(stage, args.config_file, args.model)
     header, service = read_header(args.config_file)
     hw = header or Hardware()
     if args.gpus is not None or args.gpu_memory is not None:
@@ -55,12 +69,18 @@ def main(argv: list[str] | None = None) -> int:
         hw.host_memory = parse_memory(args.host_memory)
     if args.sharding is not None:
         hw.sharding = args.sharding
-    if args.model is not None:
-        values["model" if "model_name_or_path" not in values else "model_name_or_path"] = args.model
-        values.setdefault("model_name_or_path", args.model)
-    stage = args.stage or detect_stage(values, args.config_file)
     plan = plan_stage(stage, values, hw, service=service, file=args.config_file)
     print(plan.table())
     plan.check()
     print(plan.summary())
     return 0
+
+
+def stage_values(stage: str, config_file: str, model: str | None) -> dict[str, Any]:
+    """Every setting of `stage` as its command or recipe reads `config_file` (defaults filled in, `model`
+    given as its model flag); refused in one line where they would refuse it."""
+    module, name = STAGE_CONFIGS[stage].split(":")
+    flag = "--model_name_or_path" if stage in ("sft", "grpo") else "--model"
+    flags = [flag, model] if model is not None and stage != "serve" else []
+    classes = getattr(importlib.import_module(module), name)
+    return read_config(classes, ["--config", config_file, *flags])

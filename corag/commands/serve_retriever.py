@@ -46,6 +46,10 @@ class ServeArgs:
     workers: int = field(default=1, metadata={"help": "processes behind the address (each loads the index)"})
 
 
+# The config dataclasses of `corag serve-retriever` (what `corag plan` reads a serve config with).
+CONFIGS = (ServeArgs,)
+
+
 def usage_error(message: str) -> NoReturn:
     """A bad combination of options: argparse's way (the message on stderr, exit status 2)."""
     print(f"corag serve-retriever: error: {message}", file=sys.stderr)
