@@ -124,6 +124,11 @@ CASES = [
      "unknown config key", "field 'nosuch'"),
     ("an evaluation folder that is a file", lambda f: ["evaluate", "--data", str(f.data / KILT), "--predictions", f.questions(),
      "--out-dir", put(f.tmp / "o.txt", "mine")], "--out-dir names a folder, and this is not one", "o.txt"),
+    ("an evaluation folder under a file", lambda f: ["evaluate", "--data", str(f.data / KILT), "--predictions",
+     f.questions(), "--out-dir", put(f.tmp / "o.txt", "mine") + "/run"], "is a file, so --out-dir cannot be made under it",
+     "o.txt"),
+    ("a corpus under a file (from-contexts)", lambda f: ["corpus", "from-contexts", str(f.data / HOTPOT), "--out",
+     put(f.tmp / "o.txt", "mine") + "/corpus.jsonl"], "is a file, so --out cannot be made under it", "o.txt"),
 ]  # fmt: skip
 
 

@@ -209,9 +209,17 @@ def check_output(
     With `marks` the output is a folder: it is ours when it is empty or holds a file matching one of
     the marks (glob patterns of what the command writes there). Otherwise it is a file: ours when it is
     empty or starts with a JSON object (with every one of `keys`, when given, on its first line). A
-    path of the other kind (a file where a folder goes, or the reverse) is refused likewise."""
+    path of the other kind (a file where a folder goes, or the reverse) is refused likewise, and so is a
+    new path under a file (it cannot be made there)."""
     path = Path(path)
     if not path.exists():
+        parent = next((p for p in path.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise InputError(
+                f"is a file, so {option} cannot be made under it: choose another path",
+                file=str(parent),
+                field=option,
+            )
         return
     folder = bool(marks)
     if folder != path.is_dir():
