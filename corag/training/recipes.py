@@ -1,5 +1,11 @@
-"""What the training recipes (recipes/sft.py, recipes/grpo.py) share: a bad setting as one line, W&B
-offline where it cannot log, and attention that can run here."""
+"""What the training recipes (corag/recipes/: sft, grpo) share: a bad setting as one line, W&B offline
+where it cannot log, and attention that can run here.
+
+Importing this module makes bad input one line in every recipe process: an InputError that nothing
+caught (a file found wrong after parsing, on any rank under `accelerate launch`) ends the process as
+`fail` does, not with a traceback in the rank's log; CORAG_DEBUG=1, as for the `corag` command, keeps
+the traceback.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,14 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, MutableMapping
+from pathlib import Path
+from types import TracebackType
 from typing import NoReturn
 from urllib.parse import urlparse
 
 import torch
+
+from corag.errors import InputError
 
 logger = logging.getLogger("corag.training")
 
@@ -20,6 +30,21 @@ def fail(message: str, prog: str) -> NoReturn:
     """A bad config or flag of the recipe `prog`: one line on stderr, exit status 2 (as argparse does)."""
     print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
     raise SystemExit(2)
+
+
+_previous_hook = sys.excepthook
+
+
+def _uncaught(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+    """sys.excepthook of a recipe process: an uncaught InputError is `fail`'s one line, from `corag train
+    NAME` as the recipe's own (NAME: the file that runs, recipes/sft.py or -m corag.recipes.sft), and exit
+    status 2 (Python exits with the status of a SystemExit raised here); the rest goes to the previous hook."""
+    if issubclass(kind, InputError) and os.environ.get("CORAG_DEBUG", "") in ("", "0"):
+        fail(str(error), f"corag train {Path(sys.argv[0]).stem}")
+    _previous_hook(kind, error, trace)
+
+
+sys.excepthook = _uncaught
 
 
 def wandb_offline_if_unreachable(
