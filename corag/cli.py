@@ -6,6 +6,7 @@ Bad input (an `InputError`) ends a command with its one-line message on stderr a
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -80,7 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = bool(argv) and argv[0] == "--debug"
     argv = argv[1:] if debug else argv
-    if not argv or argv[0] in {"-h", "--help"} or argv[0] not in COMMANDS:
+    if argv and argv[0] not in {"-h", "--help", *COMMANDS}:
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f"did you mean {close[0]}?" if close else "`corag --help` lists the commands"
+        print(f"corag: error: unknown command {argv[0]!r}; {hint}", file=sys.stderr)
+        return 2
+    if not argv or argv[0] in {"-h", "--help"}:
         width = max(map(len, COMMANDS))
         lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
         print(
@@ -88,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             + "\n".join(lines)
             + f"\n\n--debug (or {DEBUG_ENV}=1) shows the traceback of a bad-input error"
         )
-        return 0 if argv and argv[0] in {"-h", "--help"} else 2
+        return 0 if argv else 2
     target, _ = COMMANDS[argv[0]]
     module, func = target.split(":")
     program, sys.argv[0] = sys.argv[0], f"corag {argv[0]}"  # argparse's usage line names the command

@@ -286,3 +286,11 @@ def test_a_recipe_names_the_closest_flag_or_key_in_one_line(script, tmp_path, ca
         err = capsys.readouterr().err
         assert exit_.value.code == 2
         assert err.count("\n") == 1 and "Traceback" not in err and err.endswith(f": error: {end}\n"), err
+
+
+def test_a_misspelled_command_or_subcommand_is_one_line(capsys):
+    assert main(["smaple"]) == 2
+    assert capsys.readouterr().err == "corag: error: unknown command 'smaple'; did you mean sample?\n"
+    assert main(["corpus", "prepar"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("corag corpus: error: argument subcommand: invalid choice")

@@ -6,14 +6,13 @@ corag corpus from-contexts DATA... --out CORPUS      # a corpus of the questions
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from corag.config import parse_config
+from corag.config import ConfigParser, parse_config
 from corag.data.corpus import Corpus, prepare_corpus, write_context_corpus
 
 # A subcommand: (its config dataclass, the function that runs it, its help line).
@@ -24,7 +23,7 @@ def run_subcommand(prog: str, description: str, subcommands: Subcommands, argv: 
     """Run `PROG SUBCOMMAND [OPTIONS]`: argparse picks the subcommand (and answers `PROG --help`), then
     the subcommand's options are parsed into its own config dataclass."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = ConfigParser(prog=prog, description=description)  # a wrong subcommand: one InputError line
     sub = parser.add_subparsers(dest="subcommand", required=True)
     for name, (_, _, help_) in subcommands.items():
         sub.add_parser(name, help=help_, add_help=False)
