@@ -1,6 +1,6 @@
 """Every method with a real chat model on real questions: SmolLM2-135M-Instruct on HotpotQA.
 
-The first `--questions` questions of the HotpotQA dev sample (../shared/data), a corpus of the sample's
+The first `--questions` questions of the HotpotQA dev sample (tests/data/samples), a corpus of the sample's
 own context paragraphs (`corag corpus from-contexts`), MiniLM dense retrieval over it, and the
 packaged SmolLM2-135M-Instruct checkpoint (`corag models smollm2`), in bfloat16 where the CPU has
 native bf16 (avx512_bf16 or amx_bf16), else in float32 (`--dtype` overrides). Methods: no retrieval,
@@ -41,7 +41,7 @@ from corag.models import convert_smollm2  # noqa: E402
 from corag.retrieval.dense import DenseRetriever, Encoder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "hotpotqa" / "hotpot_dev_distractor_sample.json"
+DATA = REPO / "tests" / "data" / "samples" / "hotpotqa" / "hotpot_dev_distractor_sample.json"
 RUNS = {
     "no_retrieval": Run("no_retrieval"),
     "single_step": Run("one_step"),

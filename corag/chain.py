@@ -34,6 +34,8 @@ from corag.prompts import (
 )
 from corag.types import Example, Passage, Step, Usage
 
+STOP_MAX_NEW_TOKENS = 4  # a sampled stop reply: "Yes" or "No" and the end of the turn, with room to spare
+
 
 @dataclass
 class GenerationLimits:
@@ -175,13 +177,21 @@ async def subanswer(
     corpus: CorpusLike,
     k: int = SUBANSWER_NUM_DOCS,
     limits: GenerationLimits = DEFAULT_LIMITS,
+    temperature: float = 0.0,
+    seed: int | None = None,
 ) -> Step:
-    """Search the sub-query, then call B (greedy) over its top-k documents: one finished Step."""
+    """Search the sub-query, then call B (greedy unless given a temperature) over its top-k documents:
+    one finished Step."""
     hits = await ctx.search(subquery, k)
     doc_ids = tuple(hit.doc_id for hit in hits)
     messages = subanswer_messages(subquery, corpus.get_many(doc_ids), tok=ctx.lm)
     request = _generation(
-        ctx.lm, messages, limits.subanswer_max_new_tokens, temperature=0.0, stop=tuple(limits.subanswer_stop)
+        ctx.lm,
+        messages,
+        limits.subanswer_max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        stop=tuple(limits.subanswer_stop),
     )
     completion = await ctx.generate(request)
     text = completion.texts[0]
@@ -195,11 +205,18 @@ def final_request(
     task_desc: str,
     passages: Sequence[Passage],
     limits: GenerationLimits = DEFAULT_LIMITS,
+    temperature: float = 0.0,
+    seed: int | None = None,
 ) -> GenerationRequest:
-    """The request of call C (greedy, 128 new tokens by default)."""
+    """The request of call C (greedy unless given a temperature, 128 new tokens by default)."""
     messages = final_answer_messages(query, steps, task_desc, passages, tok=lm)
     return _generation(
-        lm, messages, limits.final_max_new_tokens, temperature=0.0, stop=tuple(limits.final_stop)
+        lm,
+        messages,
+        limits.final_max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        stop=tuple(limits.final_stop),
     )
 
 
@@ -223,12 +240,14 @@ async def final_answer(
     task_desc: str,
     passages: Sequence[Passage],
     limits: GenerationLimits = DEFAULT_LIMITS,
+    temperature: float = 0.0,
+    seed: int | None = None,
 ) -> str:
     """Call C: the final answer from the chain and the original query's documents.
 
     Marked final, so it may use the budget's reserve.
     """
-    request = final_request(ctx.lm, query, steps, task_desc, passages, limits)
+    request = final_request(ctx.lm, query, steps, task_desc, passages, limits, temperature, seed)
     completion = await ctx.generate(request, final=True)
     return completion.texts[0].strip()
 
@@ -255,6 +274,17 @@ async def should_stop(ctx: Context, query: str, steps: Sequence[Step], task_desc
         ctx.score(scoring_request(ctx.lm, messages, STOP_NO)),
     )
     return sum(yes.logprobs) + bias > sum(no.logprobs)
+
+
+async def stop_reply(
+    ctx: Context, query: str, steps: Sequence[Step], task_desc: str, temperature: float, seed: int | None
+) -> bool:
+    """Learned stop as the policy's own reply (reinforcement learning samples it): the stop question
+    answered by a generation; a reply whose first word is `Yes` ends the chain."""
+    messages = stop_messages(query, steps, task_desc, tok=ctx.lm)
+    request = _generation(ctx.lm, messages, STOP_MAX_NEW_TOKENS, temperature=temperature, seed=seed)
+    reply = (await ctx.generate(request)).texts[0].split()
+    return bool(reply) and reply[0].strip(".,!").lower() == STOP_YES.lower()
 
 
 @dataclass(frozen=True)
@@ -438,8 +468,11 @@ async def finish(
     strategy: str,
     steps: Sequence[Step],
     extras: dict[str, Any] | None = None,
+    temperature: float = 0.0,
+    seed: int | None = None,
 ) -> DecodeResult:
-    """Write the final answer (top-20 documents for the original query) and the result record.
+    """Write the final answer (top-20 documents for the original query; greedy unless given a
+    temperature) and the result record.
 
     When even the final answer cannot fit the budget (a budget below its prompt), the prediction is
     empty and `final_skipped` is recorded.
@@ -447,7 +480,14 @@ async def finish(
     extras = dict(extras or {})
     try:
         prediction = await final_answer(
-            ctx, question.query, steps, question.task_desc, question.passages, question.limits
+            ctx,
+            question.query,
+            steps,
+            question.task_desc,
+            question.passages,
+            question.limits,
+            temperature,
+            seed,
         )
     except BudgetExceeded:
         prediction, extras["final_skipped"] = "", True

@@ -30,7 +30,7 @@ import queue
 import threading
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from corag.budget import Meter
@@ -76,8 +76,9 @@ class Context:
         self.retriever = retriever
         self.meter = meter or Meter()
         self._submit = submit  # set by the asyncio executor; None: stepped
-        # Set to a list to keep every generation of this question as (request, completion), in call order
-        # (the RL rollout trains on them); None keeps nothing.
+        # Set to a list to keep every generation of this question as (request, completion), in call order,
+        # each with its exact tokens and their log-probabilities (the RL rollout trains on them); None
+        # keeps nothing.
         self.trace: list[tuple[GenerationRequest, Completion]] | None = None
 
     async def _call(self, op: _Op) -> Any:
@@ -88,6 +89,8 @@ class Context:
     async def generate(self, request: GenerationRequest, *, final: bool = False) -> Completion:
         """Generate, charged to this question. Raises BudgetExceeded before starting a call that
         could pass the budget (`final` calls may use the reserve)."""
+        if self.trace is not None and not request.logprobs:
+            request = replace(request, logprobs=True)
         worst = 0
         if self.meter.budget is not None:
             prompt = self.lm.count_prompt_tokens(request.messages)

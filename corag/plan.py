@@ -575,14 +575,23 @@ def _plan_grpo(plan: Plan, values: dict[str, Any], service: dict[str, Any] | Non
     shape = _trained_model(values)
     lora = bool(values.get("use_peft"))
     chains = int(values.get("per_device_train_batch_size", 8))
-    rows = chains * (2 * int(values.get("max_chain_length", 6)) + 1)
+    rows = chains * grpo_rows_per_chain(values)
     width = min(GRPO_ROW_TOKENS, shape.context)
     items = _trainer_items(plan, values, shape, rows * width)
     plan.notes.append(
-        f"GRPO micro-step: {chains} chain(s) per process x up to {rows // chains} generations each (a "
-        f"sub-query and a sub-answer per step, the final answer), every row padded to the widest "
-        f"({width} tokens: a 4096-token message, template and answer, or the model's context)"
+        f"GRPO micro-step: {chains} chain(s) per process x up to {rows // chains} sampled generations each "
+        f"(per step a sub-query, a sub-answer and a stop reply, then the final answer; greedy calls give no "
+        f"row), every row padded to the widest ({width} tokens: a 4096-token message, template and answer, "
+        "or the model's context)"
     )
+    if _sharding(plan.hardware, lora) == "zero3" and not lora:
+        shard = _shards(plan.hardware, lora)
+        items.append(
+            Item(
+                f"fp32 gradient partition at the optimizer step (DeepSpeed, / {shard})",
+                shape.params * 4.0 / shard,
+            )
+        )
     if float(values.get("beta", 0.0)) > 0 and not lora:
         shard = _shards(plan.hardware, lora)
         items.append(Item(f"reference model (bf16, / {shard})", shape.params * 2.0 / shard, "beta"))
@@ -597,6 +606,16 @@ def _plan_grpo(plan: Plan, values: dict[str, Any], service: dict[str, Any] | Non
     _place_trainer(plan, items, shape)
     if service and plan.hardware.gpus:
         _add_service(plan, service)
+
+
+def grpo_rows_per_chain(values: dict[str, Any]) -> int:
+    """The most rows one chain can give (corag.training.rollout): L sub-queries, L sub-answers, L - 1 stop
+    replies (with learned_stop) and the final answer, of the kinds in `sampled_calls`."""
+    length = int(values.get("max_chain_length", 6))
+    stops = max(length - 1, 0) if values.get("learned_stop", True) else 0
+    counts = {"subquery": length, "subanswer": length, "stop": stops, "final": 1}
+    sampled = values.get("sampled_calls") or list(counts)
+    return max(1, sum(counts.get(kind, 0) for kind in sampled))
 
 
 def _trained_model(values: dict[str, Any]) -> ModelShape:

@@ -99,12 +99,14 @@ def test_grpo_places_the_trainer_its_colocated_engine_and_the_service_on_every_g
     service = "data/index/e5-large-v2 --index-devices cuda:0-7 --device cuda:0"
     plan = plan_stage("grpo", values, hw, service=service)
     sizes = {item.name: item.size for item in plan.gpus[3]}
-    assert sizes["vLLM engine (vllm_gpu_memory_utilization 0.3: weights + KV cache)"] == 0.3 * 80 * GB
+    assert sizes["vLLM engine (vllm_gpu_memory_utilization 0.25: weights + KV cache)"] == 0.25 * 80 * GB
     assert sizes["weights, gradients, Adam states (16 B/parameter, / 8)"] == shape.params * 16 / 8
-    rows = values["per_device_train_batch_size"] * (2 * values["max_chain_length"] + 1)
+    # each step's sub-query, sub-answer and stop reply (none after the last step), then the final answer
+    rows = values["per_device_train_batch_size"] * (3 * values["max_chain_length"] - 1 + 1)
     (activations,) = [size for name, size in sizes.items() if name.startswith("checkpointed activations")]
     assert activations == rows * (4096 + 64 + 128) * shape.hidden * (shape.layers * 2 + 17 * 2)
     assert sizes["service: dense index shard (fp16)"] == index_bytes(35_700_000, 1024) / 8
+    assert sizes["fp32 gradient partition at the optimizer step (DeepSpeed, / 8)"] == shape.params * 4 / 8
     # No colocated engine without use_vllm; a KL term to the reference adds its sharded bf16 weights.
     plan = plan_stage("grpo", {**values, "use_vllm": False, "beta": 0.04}, hw, service=service)
     names = [item.name for item in plan.gpus[3]]

@@ -25,7 +25,8 @@ class GenerationRequest:
 
     temperature 0 is greedy. `seed` makes sampling reproducible per request, independent of batching.
     Generation stops at the end-of-turn token, at `max_new_tokens`, or at the first stop string
-    (which is removed from the text).
+    (which is removed from the text). With `logprobs`, the completion also keeps each sample's exact
+    tokens and their log-probabilities (`Completion.samples`), as reinforcement learning needs them.
     """
 
     messages: tuple[Message, ...]
@@ -34,6 +35,19 @@ class GenerationRequest:
     n: int = 1
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    logprobs: bool = False
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The exact tokens of one generated text: the rendered prompt's ids, the generated ids as the
+    sampler drew them (a final end-of-turn token included; not cut at a stop string), and each
+    generated token's log-probability under the distribution it was drawn from (the logits divided by
+    the request's temperature; at temperature 0, the plain distribution)."""
+
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,7 @@ class Completion:
 
     texts: tuple[str, ...]
     usage: Usage
+    samples: tuple[Sample, ...] = ()  # one per text, only when the request asked for `logprobs`
 
 
 @dataclass(frozen=True)

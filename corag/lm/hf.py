@@ -24,7 +24,15 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from corag.lm.base import MAX_BATCH_TOKENS, SYSTEM_DEFAULT, Completion, GenerationRequest, Score, ScoreRequest
+from corag.lm.base import (
+    MAX_BATCH_TOKENS,
+    SYSTEM_DEFAULT,
+    Completion,
+    GenerationRequest,
+    Sample,
+    Score,
+    ScoreRequest,
+)
 from corag.lm.render import ChatRenderer, CountingLM
 from corag.types import Usage
 
@@ -76,6 +84,7 @@ class _Seq:
     generator: torch.Generator | None
     copies: int = 1  # greedy samples are identical: decode once, report `copies` times
     ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None  # kept when the request asks for them
     text: str | None = None  # set when finished
     done: bool = False
 
@@ -147,12 +156,17 @@ class HFLM(CountingLM):
         for batch in self._batches([(len(s.prompt), max(s.max_new, 0)) for s in seqs]):
             self._decode([seqs[i] for i in batch])
         texts: list[list[str]] = [[] for _ in requests]
+        samples: list[list[Sample]] = [[] for _ in requests]
         generated = [0] * len(requests)
         for seq in seqs:
             texts[seq.request].extend([seq.text] * seq.copies)
             generated[seq.request] += len(seq.ids) * seq.copies
+            if seq.logprobs is not None:
+                sample = Sample(seq.prompt, tuple(seq.ids), tuple(seq.logprobs))
+                samples[seq.request].extend([sample] * seq.copies)
         return [
-            Completion(tuple(t), Usage(p, g, 1)) for p, t, g in zip(prompts, texts, generated, strict=True)
+            Completion(tuple(t), Usage(p, g, 1), tuple(s))
+            for p, t, g, s in zip(prompts, texts, generated, samples, strict=True)
         ]
 
     def _batches(self, sizes: Sequence[tuple[int, int]]) -> list[list[int]]:
@@ -183,13 +197,17 @@ class HFLM(CountingLM):
                 raise context_error(len(prompt), self.max_context)
             prompts.append(len(prompt))
             max_new = min(request.max_new_tokens, self.max_context - len(prompt))
+            logprobs = [] if request.logprobs else None
             if request.temperature <= 0:
-                seqs.append(_Seq(r, prompt, max_new, 0.0, request.stop, None, copies=request.n))
+                seqs.append(_Seq(r, prompt, max_new, 0.0, request.stop, None, request.n, logprobs=logprobs))
                 continue
             seed = request.seed if request.seed is not None else secrets.randbits(63)
             for j in range(request.n):
                 generator = torch.Generator(self.device).manual_seed(sample_seed(seed, j))
-                seqs.append(_Seq(r, prompt, max_new, request.temperature, request.stop, generator))
+                kept = None if logprobs is None else []  # a list of its own for each sample
+                seqs.append(
+                    _Seq(r, prompt, max_new, request.temperature, request.stop, generator, logprobs=kept)
+                )
         return seqs, prompts
 
     @torch.inference_mode()
@@ -219,8 +237,10 @@ class HFLM(CountingLM):
                 logits_to_keep=1,
                 **{self._cache_arg: cache},
             )
-            tokens = self._pick(active, out.logits[:, -1, :].float())
-            for seq, token in zip(active, tokens.tolist(), strict=True):  # one host sync per step
+            tokens, logprobs = self._pick(active, out.logits[:, -1, :].float())
+            for seq, token, logprob in zip(active, tokens.tolist(), logprobs, strict=True):  # one sync
+                if seq.logprobs is not None:
+                    seq.logprobs.append(logprob)
                 self._advance(seq, token)
             keep = [i for i, s in enumerate(active) if not s.done]
             if not keep:
@@ -234,15 +254,25 @@ class HFLM(CountingLM):
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
             positions = positions[:, -1:] + 1
 
-    def _pick(self, active: list[_Seq], logits: torch.Tensor) -> torch.Tensor:
+    def _pick(self, active: list[_Seq], logits: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
         """Next token of every row, left on the device: greedy rows by argmax, sampled rows each from
-        its own generator."""
+        its own generator; and, for rows that keep them, the token's log-probability under the
+        distribution it was drawn from (0.0 for the others)."""
         tokens = logits.argmax(-1)
         for i, seq in enumerate(active):
             if seq.generator is not None:
                 probs = torch.softmax(logits[i] / seq.temperature, dim=-1)
                 tokens[i] = torch.multinomial(probs, 1, generator=seq.generator)[0]
-        return tokens
+        keep = [i for i, seq in enumerate(active) if seq.logprobs is not None]
+        if not keep:
+            return tokens, [0.0] * len(active)
+        rows = torch.tensor(keep, device=logits.device)
+        scale = torch.tensor([active[i].temperature or 1.0 for i in keep], device=logits.device)
+        picked = (logits[rows] / scale[:, None]).log_softmax(-1).gather(-1, tokens[rows, None])[:, 0]
+        logprobs = [0.0] * len(active)
+        for i, value in zip(keep, picked.tolist(), strict=True):
+            logprobs[i] = value
+        return tokens, logprobs
 
     def _advance(self, seq: _Seq, token: int) -> None:
         seq.ids.append(token)

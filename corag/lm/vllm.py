@@ -16,10 +16,18 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from corag.lm.base import SYSTEM_DEFAULT, Completion, GenerationRequest, Score, ScoreRequest
+from corag.lm.base import SYSTEM_DEFAULT, Completion, GenerationRequest, Sample, Score, ScoreRequest
 from corag.lm.hf import completion_text, context_error, sample_seed
 from corag.lm.render import ChatRenderer, CountingLM
 from corag.types import Usage
+
+
+def _sample(prompt: Sequence[int], output: Any) -> Sample:
+    """One vLLM sample's exact tokens and the log-probability of each (the engine runs with
+    `logprobs_mode="processed_logprobs"`: after temperature, as the transformers backend reports them)."""
+    ids = tuple(output.token_ids)
+    logprobs = tuple(output.logprobs[p][token].logprob for p, token in enumerate(ids))
+    return Sample(tuple(prompt), ids, logprobs)
 
 
 class VLLMLM(CountingLM):
@@ -47,6 +55,7 @@ class VLLMLM(CountingLM):
         self._render_with(AutoTokenizer.from_pretrained(path), path, chat_template_kwargs, system_prompt)
         if max_num_seqs is not None:
             engine_kwargs["max_num_seqs"] = max_num_seqs
+        engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         self._max_context = self._start(
             model=path,
             tensor_parallel_size=tensor_parallel_size,
@@ -126,13 +135,15 @@ class VLLMLM(CountingLM):
         completions = []
         for i, request in enumerate(requests):
             copies = request.n if request.temperature <= 0 else 1
-            ids = [list(s.token_ids) for s in samples.get(i, ())] * copies
+            outputs = list(samples.get(i, ())) * copies
+            ids = [list(s.token_ids) for s in outputs]
             # Decoded as the transformers backend does: vLLM's incremental text drops a final
             # incomplete character, which a plain decode keeps as a replacement character.
             texts = tuple(completion_text(self.tokenizer, x, self.end_ids, request.stop) for x in ids)
             texts = texts if i in samples else ("",) * request.n  # no room left after the prompt
             generated = sum(len(x) for x in ids)
-            completions.append(Completion(texts, Usage(len(prompts[i]), generated, 1)))
+            kept = tuple(_sample(prompts[i], s) for s in outputs) if request.logprobs else ()
+            completions.append(Completion(texts, Usage(len(prompts[i]), generated, 1), kept))
         return completions
 
     def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
@@ -153,6 +164,7 @@ class VLLMLM(CountingLM):
             stop=list(request.stop) or None,
             stop_token_ids=self.end_ids,
             seed=None if greedy or request.seed is None else sample_seed(request.seed, 0),
+            logprobs=0 if request.logprobs else None,  # 0: the sampled token's own log-probability
             **self._final_only(),
         )
 

@@ -7,12 +7,16 @@
 (recipes/grpo.py, in a checkout, is the same program.)
 
 Each step takes a batch of training questions. For each, `num_generations` chains are sampled by the
-policy being trained (corag.training.rollout: sub-queries at `temperature`, searched in `retriever`,
-sub-answers and the final answer greedy, in the released prompt formats), rewarded by `reward` minus
-`token_cost` per 1,000 metered tokens, with advantages normalised per question; then trl's GRPO loss
-falls on every generation of every chain, never on retrieved text (corag.training.grpo). Full
-fine-tuning or LoRA (`use_peft: true`); resumes from the last checkpoint in output_dir with the same
-questions and chains; W&B goes offline without a key or network, as in the SFT recipe. Rollouts run on
+policy being trained (corag.training.rollout: sub-queries, sub-answers, the stop decision and the final
+answer sampled at `temperature`, each kind unless left out of `sampled_calls`; sub-queries searched in
+`retriever`; the released prompt formats), rewarded by the weighted terms of `reward`
+(corag.training.rewards), with advantages normalised per question; groups whose chains all scored alike
+are replaced by other questions' (`max_extra_questions`); then trl's GRPO loss falls on the ids the
+sampler drew, never on retrieved text or greedy calls (corag.training.grpo). With `eval_questions`, the
+policy answers a held-out slice at step 0, every `eval_steps` and at the end (heldout.jsonl, a plot in
+progress.png; corag.training.progress). Full fine-tuning or LoRA (`use_peft: true`); resumes from the
+last checkpoint in output_dir with the same questions and chains; W&B goes offline without a key or
+network, as in the SFT recipe. Rollouts run on
 each process's own copy of the policy (transformers), or on the vLLM engine trl colocates with it
 (`use_vllm: true`, `vllm_mode: colocate`). On N nodes under Slurm:
 `sbatch --nodes=N recipes/slurm_train.sh grpo zero3 CONFIG --serve-index INDEX [--key value ...]`.
@@ -35,7 +39,6 @@ from trl import GRPOConfig, ModelConfig, get_peft_config
 from corag.chain import GenerationLimits
 from corag.config import parse_config
 from corag.errors import InputError
-from corag.training.grpo import check_trainer_settings
 from corag.training.recipes import attention_implementation, fail, wandb_offline_if_unreachable
 from corag.training.rollout import RolloutConfig
 
@@ -59,6 +62,14 @@ class RecipeArguments:
     time_limit_minutes: float | None = field(
         default=None,
         metadata={"help": "stop (and save) after the step that passes this many minutes of training"},
+    )
+    eval_questions: str | None = field(
+        default=None, metadata={"help": "held-out questions the policy answers during training"}
+    )
+    eval_limit: int | None = field(default=None, metadata={"help": "only the first N held-out questions"})
+    eval_method: str = field(
+        default="greedy:L=3",
+        metadata={"help": "how they are answered, as `corag evaluate --methods` takes it"},
     )
 
 
@@ -87,11 +98,16 @@ def parse_args(argv: list[str] | None = None) -> tuple:
     if not torch.cuda.is_available() and "--use_cpu" not in argv:
         argv += ["--use_cpu", "true"]
     try:
+        from corag.evaluation import parse_runs
+        from corag.training.grpo import check_trainer_settings  # refuses a trl it was not tested with
+
         data, rollout, limits, grpo, model = parse_config(CONFIGS, argv, __doc__.splitlines()[0])
         rollout.check()
         limits.check()
         check_trainer_settings(grpo)
-    except (ValueError, InputError) as e:
+        if len(parse_runs([data.eval_method])) != 1:
+            raise InputError("one method setting, not a grid", field="eval_method")
+    except (ValueError, InputError, ImportError) as e:
         fail(str(e), PROG)
     for name in ("questions", "corpus", "retriever"):
         if getattr(data, name) is None:
@@ -131,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(
                 "has no gold answer to reward", file=data.questions, record=unanswered[0], field="answers"
             )
+        held_out = load_examples(data.eval_questions)[: data.eval_limit] if data.eval_questions else []
         corpus = Corpus.load(data.corpus)
         check_corpus(data.retriever, corpus)  # an index over another corpus is refused before the model loads
         retriever = load_retriever(data.retriever)
@@ -163,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         retriever=retriever,
         rollout_config=rollout,
         limits=limits,
+        held_out=held_out,
+        held_out_method=data.eval_method,
         callbacks=[TimeLimit(data.time_limit_minutes)] if data.time_limit_minutes else None,
     )
     result = trainer.train(resume_from_checkpoint=checkpoint)

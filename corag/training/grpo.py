@@ -1,32 +1,41 @@
 """GRPO on chains: trl's GRPOTrainer with the project's rollout in place of its single-turn generation.
 
 trl samples the questions (each repeated `num_generations` times, as for any GRPO run) and owns the
-loss (clipped ratio, optional KL to a reference, `loss_type`), the optimizer, checkpoints and logging.
-This trainer replaces one method, `_generate_and_score_completions`: for the questions of a generation
-batch, it samples `num_generations` chains each with the policy being trained, through the executor and
-the retriever (corag.training.rollout), rewards them, normalises the rewards per question, and returns
-every generation of every chain as a row (prompt tokens, completion tokens, the chain's advantage).
-A row's loss falls on its completion and end-of-turn tokens only; documents are part of prompts.
+loss (clipped ratio, optional KL to a reference, `loss_type`, importance-sampling correction of vLLM
+rollouts), the optimizer, checkpoints and logging. For the questions of a generation batch this trainer
+samples `num_generations` chains each with the policy being trained, through the executor and the
+retriever (corag.training.rollout), rewards them, normalises the rewards per question, replaces groups
+whose chains all scored alike by other questions' groups (dynamic sampling, bounded), and returns every
+sampled generation of every chain as a row: the prompt ids, the ids the sampler drew, their
+log-probabilities and the chain's advantage. A row's loss falls on the sampled ids only; documents are
+part of prompts, and greedy calls give no row.
 
 Rollouts run on the process's own copy of the policy: with the transformers backend, or (`use_vllm`,
 `vllm_mode: colocate`) on the vLLM engine trl colocates with each process, its weights synced from the
-policy once per optimizer step. Greedy calls and seeded sampling: a chain's sampling seeds come from the
-question, the training step and its index in the group, so a resumed run samples the chains it would
-have sampled.
+policy once per optimizer step. A chain's sampling seeds come from the question, the training step and its
+index in the group, so a resumed run samples the chains it would have sampled.
+
+The seam with trl. A chain is a sequence of separately prompted calls (a sub-answer's prompt is not a
+continuation of the sub-query's), each its own row, and a chain's row count varies. trl's public hooks
+assume one completion per prompt row (`rollout_func` returns one completion per row, rewarded and grouped
+by trl) or one growing conversation (`environment_factory`, tools), so neither carries a chain. This
+trainer therefore overrides two private methods, `_generate_and_score_completions` and `_prepare_inputs`,
+and reads trl internals (PRIVATE_NAMES): trl is pinned to the tested minor version, and `check_trl`
+refuses, in one line, an installed trl that lacks one of them.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
+import random
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+import trl
 from datasets import Dataset
-from trl import GRPOTrainer
-from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import pad, split_tensor_dict, use_adapter
 
 from corag.chain import CorpusLike, GenerationLimits
 from corag.errors import InputError
@@ -35,11 +44,64 @@ from corag.lm.hf import HFLM
 from corag.lm.vllm import VLLMLM
 from corag.metrics import answer_scores
 from corag.retrieval.base import Retriever
-from corag.training.examples import tokenize_example
-from corag.training.rollout import Chain, RolloutConfig, chain_pairs, rollout
+from corag.training.rollout import Chain, RolloutConfig, chain_rows, rollout, zero_spread
 from corag.types import Example
 
+logger = logging.getLogger("corag.grpo")
+
+TESTED_TRL = "1.16"
+# What this trainer takes from trl beyond its public API: (module, class or None) -> names.
+PRIVATE_NAMES: dict[tuple[str, str | None], tuple[str, ...]] = {
+    ("trl.trainer.grpo_trainer", "GRPOTrainer"): (
+        "_generate_and_score_completions",
+        "_prepare_inputs",
+        "_get_per_token_logps_and_entropies",
+        "_compute_loss",
+    ),
+    ("trl.trainer.utils", None): ("pad", "split_tensor_dict", "use_adapter"),
+    ("trl.models.utils", None): ("disable_gradient_checkpointing",),
+}
+INSTANCE_NAMES = ("_metrics", "_step", "_buffered_inputs", "chat_template_kwargs")
+
+
+class TrlVersionError(ImportError):
+    """The installed trl lacks a private name the chain trainer relies on."""
+
+
+def defined_by_trl(owner: Any, name: str) -> bool:
+    """Whether trl itself defines `name` on the module or class `owner` (a class's name inherited from
+    transformers' Trainer is not trl's)."""
+    if not isinstance(owner, type):
+        return hasattr(owner, name)
+    return any(name in vars(k) for k in owner.__mro__ if k.__module__.startswith("trl."))
+
+
+def check_trl(names: Mapping[tuple[str, str | None], Sequence[str]] = PRIVATE_NAMES) -> None:
+    """Every private trl name the trainer relies on is there, or one line naming the installed and the
+    tested trl version."""
+    for (module, owner_name), attributes in names.items():
+        try:
+            owner: Any = importlib.import_module(module)
+            owner = getattr(owner, owner_name) if owner_name else owner
+        except (ImportError, AttributeError):
+            owner = None
+        missing = [a for a in attributes if owner is None or not defined_by_trl(owner, a)]
+        if missing:
+            where = ".".join(part for part in (module, owner_name, missing[0]) if part)
+            raise TrlVersionError(
+                f"trl {trl.__version__} has no {where}, which corag's GRPO trainer relies on; "
+                f"it is tested with trl {TESTED_TRL}.x (pip install 'trl>={TESTED_TRL},<1.17')"
+            )
+
+
+check_trl()
+
+from trl import GRPOTrainer  # noqa: E402  (after the check: its message beats an ImportError)
+from trl.models.utils import disable_gradient_checkpointing  # noqa: E402
+from trl.trainer.utils import pad, split_tensor_dict, use_adapter  # noqa: E402
+
 SCALES = ("group", "true", "none", "false")  # trl's scale_rewards values this trainer implements
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # trl's, all implemented
 
 
 def questions_dataset(questions: Sequence[Example]) -> Dataset:
@@ -48,19 +110,9 @@ def questions_dataset(questions: Sequence[Example]) -> Dataset:
 
 
 def rollout_reward(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
-    """trl's reward slot: the chains are rewarded inside the rollout (chain_reward), so this is never
-    called by ChainGRPOTrainer; it only names where the reward comes from."""
-    raise RuntimeError("chain rewards are computed in the rollout (corag.training.rollout.chain_reward)")
-
-
-def pair_tokens(
-    tokenizer: Any, pair: Mapping[str, Any], chat_template_kwargs: Any = None
-) -> tuple[list[int], list[int]]:
-    """Prompt and completion token ids of one pair: the completion is exactly the labelled tokens of
-    the SFT tokenization (the generated text and the template's end of turn)."""
-    tokens = tokenize_example(tokenizer, pair["prompt"], pair["completion"], chat_template_kwargs)
-    start = next(i for i, label in enumerate(tokens["labels"]) if label != -100)
-    return tokens["input_ids"][:start], tokens["input_ids"][start:]
+    """trl's reward slot: the chains are rewarded inside the rollout (corag.training.rewards), so this is
+    never called by ChainGRPOTrainer; it only names where the reward comes from."""
+    raise RuntimeError("chain rewards are computed in the rollout (corag.training.rewards)")
 
 
 def check_whole_groups(per_device_batch: int, steps_per_generation: int, num_generations: int) -> None:
@@ -76,7 +128,7 @@ def check_whole_groups(per_device_batch: int, steps_per_generation: int, num_gen
 
 
 def check_vllm_settings(args: Any) -> None:
-    """vLLM rollouts: trl's colocated engine, one per process, no importance-sampling correction."""
+    """vLLM rollouts: trl's colocated engine, one per process, awake between rollouts."""
     if args.vllm_mode != "colocate":
         raise InputError(
             "chain rollouts use trl's colocated engine (vllm_mode: colocate); a chain makes many seeded "
@@ -88,12 +140,8 @@ def check_vllm_settings(args: Any) -> None:
             "each process samples its own questions on its own engine; set 1",
             field="vllm_tensor_parallel_size",
         )
-    if args.vllm_importance_sampling_correction:
-        raise InputError(
-            "completions are re-tokenized from their text, so the engine's per-token log-probabilities "
-            "are not kept to correct with; set false",
-            field="vllm_importance_sampling_correction",
-        )
+    if args.vllm_importance_sampling_correction and args.vllm_importance_sampling_mode not in IS_MODES:
+        raise InputError(f"choose one of {IS_MODES}", field="vllm_importance_sampling_mode")
     if args.vllm_enable_sleep_mode:
         raise InputError(
             "the engine stays awake between rollouts; size it with vllm_gpu_memory_utilization",
@@ -119,10 +167,34 @@ def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
     cut = dict(batch)
     for key in ("prompt_ids", "prompt_mask"):
         cut[key] = batch[key][:, batch[key].size(1) - prompt :]
-    for key in ("completion_ids", "completion_mask", "ref_per_token_logps"):
-        if key in batch:
+    for key in PER_TOKEN:
+        if key in batch and batch[key].size(1) > 1:  # a sequence-level importance ratio has one column
             cut[key] = batch[key][:, :completion]
     return cut
+
+
+PER_TOKEN = (
+    "completion_ids",
+    "completion_mask",
+    "sampling_per_token_logps",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "importance_sampling_ratio",
+)
+
+
+def importance_ratio(
+    policy: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor, mode: str, low: float | None, high: float
+) -> torch.Tensor:
+    """trl's correction of rollouts sampled by another engine: exp(policy - sampler log-probabilities) per
+    token, or per sequence (summed), truncated to [low, high] or zeroed outside it (`mode`, IS_MODES)."""
+    diff = (policy - sampler) * mask
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return ratio.clamp(min=low, max=high)
+    return ratio.masked_fill((ratio < (low if low is not None else -float("inf"))) | (ratio > high), 0.0)
 
 
 def engine_weights(generation: Any, *, tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
@@ -139,7 +211,10 @@ def engine_weights(generation: Any, *, tied: bool) -> Iterator[tuple[str, torch.
 
 
 class ChainGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose rollouts are CoRAG chains (see the module's docstring)."""
+    """GRPOTrainer whose rollouts are CoRAG chains (see the module's docstring).
+
+    With `held_out` questions, the policy answers them every `eval_steps` (else `logging_steps`) steps
+    and at the end through `held_out_method`, as `corag evaluate` decodes (corag.training.progress)."""
 
     def __init__(
         self,
@@ -149,14 +224,26 @@ class ChainGRPOTrainer(GRPOTrainer):
         retriever: Retriever,
         rollout_config: RolloutConfig,
         limits: GenerationLimits | None = None,
+        held_out: Sequence[Example] = (),
+        held_out_method: str = "greedy:L=3",
         **kwargs: Any,
     ) -> None:
+        from corag.training.progress import HeldOut, ProgressFiles
+
         rollout_config.check()
         check_trainer_settings(kwargs["args"])
+        held = HeldOut(held_out, held_out_method, corpus, retriever) if held_out else None
         self.questions = {q.id: q for q in questions}
         self.corpus, self.retriever, self.rollout_config = corpus, retriever, rollout_config
         self.limits = limits
         super().__init__(reward_funcs=rollout_reward, train_dataset=questions_dataset(questions), **kwargs)
+        missing = [name for name in INSTANCE_NAMES if not hasattr(self, name)]
+        if missing:
+            raise TrlVersionError(
+                f"trl {trl.__version__} GRPOTrainer has no attribute {missing[0]}, which corag's GRPO "
+                f"trainer relies on; it is tested with trl {TESTED_TRL}.x"
+            )
+        self.add_callback(ProgressFiles(self, held))
 
     # -- rollout -------------------------------------------------------------------------------------
 
@@ -187,41 +274,78 @@ class ChainGRPOTrainer(GRPOTrainer):
         generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         generation.llm.reset_prefix_cache()
 
-    def sample_groups(self, query_ids: Sequence[str]) -> list[list[Chain]]:
-        """`num_generations` chains for each question, by the policy as it is now."""
+    def with_policy(self, work: Any) -> Any:
+        """`work(lm)` on the policy as it is now, without gradients, the model's mode restored after."""
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         lm = self.policy_lm()
         try:
             with torch.no_grad():
-                return rollout(
-                    Executor(lm, self.retriever),
-                    [self.questions[q] for q in query_ids],
-                    self.corpus,
-                    self.rollout_config,
-                    group_size=self.num_generations,
-                    temperature=self.args.temperature,
-                    key=f"step-{self.state.global_step}",
-                    scale=str(self.args.scale_rewards).lower() in ("group", "true"),
-                    limits=self.limits,
-                )
+                return work(lm)
         finally:
             model.train(was_training)
+
+    def sample_groups(self, query_ids: Sequence[str], key: str) -> list[list[Chain]]:
+        """`num_generations` chains for each question, by the policy as it is now."""
+        return self.with_policy(
+            lambda lm: rollout(
+                Executor(lm, self.retriever),
+                [self.questions[q] for q in query_ids],
+                self.corpus,
+                self.rollout_config,
+                group_size=self.num_generations,
+                temperature=self.args.temperature,
+                key=key,
+                scale=str(self.args.scale_rewards).lower() in ("group", "true"),
+                limits=self.limits,
+            )
+        )
+
+    def groups_with_spread(self, query_ids: Sequence[str]) -> tuple[list[list[Chain]], list[list[Chain]]]:
+        """The batch's groups, those whose chains all scored alike replaced by groups of other training
+        questions (DAPO's dynamic sampling), at most `max_extra_questions` more questions a batch.
+
+        Returns the groups to train (the replacements after the batch's groups with spread; fewer when
+        the bound is hit, the rest carrying no gradient anyway) and every group rolled out. The extra
+        questions are drawn by a generator seeded with the run's seed, the step and the process, so a
+        resumed run draws the same ones."""
+        step = self.state.global_step
+        rolled = self.sample_groups(query_ids, key=f"step-{step}")
+        kept = [g for g in rolled if not zero_spread(g)]
+        missing, bound = len(rolled) - len(kept), self.rollout_config.max_extra_questions
+        pool = sorted(set(self.questions) - set(query_ids))
+        random.Random(f"{self.args.seed}/{step}/{self.accelerator.process_index}").shuffle(pool)
+        extra = 0
+        while missing and extra < bound and pool:
+            take, pool = pool[: min(missing, bound - extra)], pool[min(missing, bound - extra) :]
+            extra += len(take)
+            more = self.sample_groups(take, key=f"step-{step}/extra-{extra}")
+            rolled += more
+            good = [g for g in more if not zero_spread(g)][:missing]
+            kept += good
+            missing -= len(good)
+        if missing and bound:
+            logger.info(
+                "step %d: %d of %d groups still scored alike after %d more questions (max_extra_questions)",
+                step, missing, len(query_ids), extra,
+            )  # fmt: skip
+        return kept, rolled
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         mode = "train" if self.model.training else "eval"
         query_ids = list(dict.fromkeys(row["query_id"] for row in inputs))
-        groups = self.sample_groups(query_ids)
-        pairs = [pair for group in groups for chain in group for pair in chain_pairs(chain)]
-        batch = self.pair_batch(pairs)
-        self.log_groups(groups, len(pairs), mode)
+        groups, rolled = self.groups_with_spread(query_ids)
+        rows = [row for group in groups for chain in group for row in chain_rows(chain)]
+        batch = self.row_batch(rows)
+        self.log_groups(groups, rolled, len(query_ids), len(rows), mode)
+        self.last_groups = groups or rolled
         return batch
 
     # -- tensors -------------------------------------------------------------------------------------
 
     def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
         """trl's buffering of a generation batch over `steps_per_generation` micro-steps, without its
-        shuffle: rows come sorted by length (pair_batch), so each micro-step holds rows of like width and
+        shuffle: rows come sorted by length (row_batch), so each micro-step holds rows of like width and
         is cut to its widest. The step's gradient is the same (each of the batch's rows is trained once,
         under one normaliser for the whole batch with loss_type dapo)."""
         if not self.model.training:
@@ -232,8 +356,9 @@ class ChainGRPOTrainer(GRPOTrainer):
             self._buffered_inputs = [trim_padding(part) for part in split_tensor_dict(batch, steps)]
         return self._buffered_inputs[self._step % steps]
 
-    def pair_batch(self, pairs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Rows for trl's loss: prompts padded on the left, completions on the right, one advantage a row.
+    def row_batch(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Tensors for trl's loss: prompts padded on the left, sampled ids on the right with their
+        sampler log-probabilities, one advantage a row.
 
         Rows are sorted by length. Every process gets the same number of rows, a multiple of
         `steps_per_generation` (trl splits the batch in that many equal parts and gathers per-row metrics
@@ -241,36 +366,53 @@ class ChainGRPOTrainer(GRPOTrainer):
         """
         device = self.accelerator.device
         tokenizer = self.processing_class
-        tokens = [pair_tokens(tokenizer, p, self.chat_template_kwargs) for p in pairs]
-        advantages = [float(p["advantage"]) for p in pairs]
-        order = sorted(range(len(tokens)), key=lambda i: len(tokens[i][0]) + len(tokens[i][1]))
-        tokens, advantages = [tokens[i] for i in order], [advantages[i] for i in order]
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        masks = [1] * len(tokens)
-        most = int(self.accelerator.gather(torch.tensor([len(tokens)], device=device)).max())
+        rows = sorted(rows, key=lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]))
+        most = int(self.accelerator.gather(torch.tensor([len(rows)], device=device)).max())
         steps = self.args.steps_per_generation
-        extra = max(1, -(-most // steps)) * steps - len(tokens)
-        tokens = [([pad_id], [pad_id])] * extra + tokens
-        advantages, masks = [0.0] * extra + advantages, [0] * extra + masks
-        prompts = [torch.tensor(p, device=device) for p, _ in tokens]
-        completions = [torch.tensor(c, device=device) for _, c in tokens]
-        completion_mask = [
-            torch.full((len(c),), m, device=device) for (_, c), m in zip(tokens, masks, strict=True)
-        ]
+        blank = {"prompt_ids": (pad_id,), "completion_ids": (pad_id,), "logprobs": (0.0,), "advantage": 0.0}
+        extra = max(1, -(-most // steps)) * steps - len(rows)
+        rows = [blank] * extra + list(rows)
+        masks = [0] * extra + [1] * (len(rows) - extra)
+
+        def padded(key: str, value: Any, side: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+            return pad([torch.tensor(r[key], device=device, dtype=dtype) for r in rows], value, side)
+
         batch = {
-            "prompt_ids": pad(prompts, padding_value=pad_id, padding_side="left"),
-            "prompt_mask": pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left"),
-            "completion_ids": pad(completions, padding_value=pad_id, padding_side="right"),
-            "completion_mask": pad(completion_mask, padding_value=0, padding_side="right"),
-            "advantages": torch.tensor(advantages, device=device),
+            "prompt_ids": padded("prompt_ids", pad_id, "left"),
+            "prompt_mask": pad(
+                [torch.ones(len(r["prompt_ids"]), dtype=torch.long, device=device) for r in rows], 0, "left"
+            ),
+            "completion_ids": padded("completion_ids", pad_id, "right"),
+            "completion_mask": pad(
+                [
+                    torch.full((len(r["completion_ids"]),), m, device=device)
+                    for r, m in zip(rows, masks, strict=True)
+                ],
+                0,
+                "right",
+            ),
+            "sampling_per_token_logps": padded("logprobs", 0.0, "right", torch.float32),
+            "advantages": torch.tensor([float(r["advantage"]) for r in rows], device=device),
         }
         batch["num_items_in_batch"] = self.accelerator.gather(batch["completion_mask"].sum()).sum()
         if self.beta != 0.0:
-            batch["ref_per_token_logps"] = self.reference_logps(batch)
+            batch["ref_per_token_logps"] = self.policy_logps(batch, reference=True)
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            batch["old_per_token_logps"] = self.policy_logps(batch, reference=False)
+            batch["importance_sampling_ratio"] = importance_ratio(
+                batch["old_per_token_logps"],
+                batch["sampling_per_token_logps"],
+                batch["completion_mask"],
+                self.vllm_importance_sampling_mode,
+                self.vllm_importance_sampling_clip_min,
+                self.vllm_importance_sampling_clip_max,
+            )
         return batch
 
-    def reference_logps(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Per-token log-probabilities of the completions under the reference model (the KL term)."""
+    def policy_logps(self, batch: Mapping[str, torch.Tensor], *, reference: bool) -> torch.Tensor:
+        """Per-token log-probabilities of the sampled ids under the reference model (the KL term) or the
+        policy as it is before the step (the importance-sampling correction)."""
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"].clamp(min=1)], dim=1)
         keep = batch["completion_ids"].size(1)
@@ -279,6 +421,11 @@ class ChainGRPOTrainer(GRPOTrainer):
             torch.no_grad(),
             disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
         ):
+            if not reference:
+                logps, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention_mask, keep, batch_size=size
+                )
+                return logps
             if self.ref_model is not None:
                 logps, _, _ = self._get_per_token_logps_and_entropies(
                     self.ref_model, input_ids, attention_mask, keep, batch_size=size
@@ -293,16 +440,28 @@ class ChainGRPOTrainer(GRPOTrainer):
 
     # -- logging -------------------------------------------------------------------------------------
 
-    def log_groups(self, groups: Sequence[Sequence[Chain]], num_pairs: int, mode: str) -> None:
-        """Reward mean and spread, answer accuracy, chain length and tokens per chain, for trl's logs."""
-        chains = [chain for group in groups for chain in group]
+    def log_groups(
+        self,
+        groups: Sequence[Sequence[Chain]],
+        rolled: Sequence[Sequence[Chain]],
+        asked: int,
+        num_rows: int,
+        mode: str,
+    ) -> None:
+        """For trl's logs, over every chain rolled out this step: reward, answer accuracy, chain length,
+        stop rate and tokens; the share of groups whose chains all scored alike and the extra questions
+        drawn for them; rows trained per chain. (trl logs `entropy`: the policy's, on the sampled ids.)"""
+        chains = [chain for group in rolled for chain in group]
         metrics = self._metrics[mode]
-        rewards = [c.reward for c in chains]
-        metrics["reward"].append(statistics.fmean(rewards))
-        metrics["reward_std"].append(statistics.fmean(statistics.pstdev(c.reward for c in g) for g in groups))
+        metrics["reward"].append(statistics.fmean(c.reward for c in chains))
+        metrics["reward_std"].append(statistics.fmean(statistics.pstdev(c.reward for c in g) for g in rolled))
         answers = [answer_scores(c.result.prediction, c.result.answers) for c in chains]
         metrics["answer_em"].append(statistics.fmean(a["em"] for a in answers))
         metrics["answer_f1"].append(statistics.fmean(a["f1"] for a in answers))
         metrics["chain_steps"].append(statistics.fmean(len(c.result.steps) for c in chains))
+        metrics["stop_rate"].append(statistics.fmean(float(c.stopped) for c in chains))
         metrics["tokens_per_chain"].append(statistics.fmean(c.result.usage.total for c in chains))
-        metrics["pairs_per_chain"].append(num_pairs / len(chains))
+        metrics["zero_spread"].append(statistics.fmean(float(zero_spread(g)) for g in rolled))
+        metrics["extra_questions"].append(float(len(rolled) - asked))
+        trained = sum(len(g) for g in groups)
+        metrics["rows_per_chain"].append(num_rows / trained if trained else 0.0)

@@ -1,8 +1,14 @@
-"""GRPO on chains (corag/training/grpo.py): trl's GRPOTrainer takes steps on chain rollouts, on the
-tiny model and on SmolLM2-135M-Instruct with LoRA, and resumes at the same step with the same data."""
+"""GRPO on chains (corag/training/grpo.py): trl's GRPOTrainer takes steps on chain rollouts (the sampler's
+own ids), on the tiny model and on SmolLM2-135M-Instruct with LoRA; groups without spread are replaced
+within a bound; the held-out slice is answered at its interval; it resumes at the same step with the
+same data; a trl without the private names it relies on is refused in one line."""
 
 from __future__ import annotations
 
+import json
+import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,16 +20,27 @@ from corag.chain import GenerationLimits
 from corag.data.corpus import Corpus
 from corag.errors import InputError
 from corag.retrieval.bm25 import BM25Retriever
-from corag.training.grpo import ChainGRPOTrainer, check_trainer_settings, check_whole_groups
-from corag.training.rollout import RolloutConfig
+from corag.training.grpo import (
+    ChainGRPOTrainer,
+    TrlVersionError,
+    check_trainer_settings,
+    check_trl,
+    check_whole_groups,
+    importance_ratio,
+)
+from corag.training.rollout import RolloutConfig, chain_rows
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Recording(ChainGRPOTrainer):
-    """Keeps which questions each step's rollout sampled."""
+    """Keeps which questions each rollout sampled, and every group it rolled out."""
 
-    def sample_groups(self, query_ids):
+    def sample_groups(self, query_ids, key):
         self.sampled = [*getattr(self, "sampled", []), (self.state.global_step, list(query_ids))]
-        return super().sample_groups(query_ids)
+        groups = super().sample_groups(query_ids, key)
+        self.rolled = [*getattr(self, "rolled", []), *groups]
+        return groups
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +73,8 @@ def make(
     stop_after=None,
     limits=None,
     docs=20,
+    held_out=(),
+    max_extra_questions=8,
     trainer_class=None,
     **args,
 ) -> Recording:
@@ -84,10 +103,14 @@ def make(
         questions=questions,
         corpus=corpus,
         retriever=retriever,
-        rollout_config=RolloutConfig(
-            max_chain_length=1, token_cost=0.5, docs=docs
-        ),  # rewards differ by the tokens spent
+        rollout_config=RolloutConfig(  # rewards differ by the tokens spent
+            max_chain_length=1,
+            reward=["f1", "-0.5*tokens"],
+            docs=docs,
+            max_extra_questions=max_extra_questions,
+        ),
         limits=limits,
+        held_out=held_out,
         callbacks=[StopAfter(stop_after)] if stop_after else None,
     )
 
@@ -102,10 +125,139 @@ def test_the_trainer_takes_steps_on_the_tiny_model(world, short_model_dir, tmp_p
     trainer.train()
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
     assert changed
-    for key in ("reward", "reward_std", "answer_em", "answer_f1", "chain_steps", "tokens_per_chain", "loss"):
+    keys = ("reward", "reward_std", "answer_em", "answer_f1", "chain_steps", "stop_rate", "tokens_per_chain",
+            "zero_spread", "extra_questions", "rows_per_chain", "entropy", "loss")  # fmt: skip
+    for key in keys:
         assert len(logged(trainer, key)) == 2, key
     assert all(t > 0 for t in logged(trainer, "tokens_per_chain"))
-    assert [step for step, _ in trainer.sampled] == [0, 1]
+    assert [step for step, _ in trainer.sampled][:1] == [0]
+    rollouts = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rollouts] == [1, 1, 2, 2]  # one group (2 chains) a logging step
+    assert {"question", "subqueries", "subanswers", "answer", "reward", "advantage"} <= set(rollouts[0])
+
+
+def test_the_batch_trains_exactly_the_sampled_ids(world, short_model_dir, tmp_path):
+    trainer = make(world, short_model_dir, tmp_path / "run", max_steps=1)
+    groups, _ = trainer.groups_with_spread([world[2][0].id])
+    rows = [row for group in groups for chain in group for row in chain_rows(chain)]
+    batch = trainer.row_batch(rows)
+    trained = batch["completion_mask"].bool()
+    got = sorted(
+        (tuple(ids[mask].tolist()), tuple(logps[mask].tolist()))
+        for ids, logps, mask in zip(
+            batch["completion_ids"], batch["sampling_per_token_logps"], trained, strict=True
+        )
+        if mask.any()
+    )
+    assert got == sorted((r["completion_ids"], pytest.approx(r["logprobs"])) for r in rows)
+    samples = [s for g in groups for c in g for _, completion in c.trace for s in completion.samples]
+    assert len(got) == len(samples) > 0
+
+
+class Flat(Recording):
+    """Chains of the questions in `flat` all score 0: their groups have no spread."""
+
+    flat: set[str] = set()
+
+    def sample_groups(self, query_ids, key):
+        groups = super().sample_groups(query_ids, key)
+        for group in groups:
+            if group[0].result.query_id in self.flat:
+                for chain in group:
+                    chain.reward = chain.advantage = 0.0
+        return groups
+
+
+def test_a_group_without_spread_is_replaced_by_another_questions(world, short_model_dir, tmp_path):
+    trainer = make(world, short_model_dir, tmp_path / "run", max_steps=1, trainer_class=Flat)
+    first = world[2][0].id
+    trainer.flat = {first}
+    kept, rolled = trainer.groups_with_spread([first])
+    assert len(rolled) == 2 and rolled[0][0].result.query_id == first
+    replacement = rolled[1][0].result.query_id
+    assert replacement != first and [g[0].result.query_id for g in kept] == [replacement]
+    again = make(world, short_model_dir, tmp_path / "again", max_steps=1, trainer_class=Flat)
+    again.flat = {first}
+    assert [g[0].result.query_id for g in again.groups_with_spread([first])[1]] == [first, replacement]
+
+
+def test_the_bound_on_extra_questions_holds(world, short_model_dir, tmp_path, caplog):
+    trainer = make(
+        world, short_model_dir, tmp_path / "run", max_steps=1, trainer_class=Flat, max_extra_questions=2
+    )
+    trainer.flat = {q.id for q in world[2]}
+    with caplog.at_level("INFO", logger="corag.grpo"):
+        kept, rolled = trainer.groups_with_spread([world[2][0].id])
+    assert kept == [] and len(rolled) == 3  # the batch's question and two more, no further
+    assert len({g[0].result.query_id for g in rolled}) == 3
+    assert "max_extra_questions" in caplog.text
+    none = make(
+        world, short_model_dir, tmp_path / "none", max_steps=1, trainer_class=Flat, max_extra_questions=0
+    )
+    none.flat = trainer.flat
+    assert len(none.groups_with_spread([world[2][0].id])[1]) == 1
+
+
+def test_the_held_out_slice_is_answered_at_its_interval(world, short_model_dir, tmp_path, toy_world):
+    from corag.evaluation import answer_row, parse_runs, rule_of, run_method
+    from corag.lm import load_lm
+
+    held_out = toy_world.test[:3]
+    corpus, retriever, _ = world
+    (run,) = parse_runs(["greedy:L=3"])
+    records = run_method(run, held_out, load_lm(short_model_dir, backend="hf", device="cpu"), retriever,
+                         corpus, tmp_path / "evaluate.jsonl", progress=False)  # fmt: skip
+    em = (
+        100
+        * sum(
+            answer_row(r["predictions"], q, rule_of(q))["em"] for r, q in zip(records, held_out, strict=True)
+        )
+        / 3
+    )
+    tokens = sum(r["usage"]["total_tokens"] for r in records) / 3
+
+    trainer = make(world, short_model_dir, tmp_path / "run", max_steps=3, eval_steps=2, held_out=held_out)
+    trainer.train()
+    lines = (tmp_path / "run" / "heldout.jsonl").read_text().splitlines()
+    evals = [json.loads(line) for line in lines]
+    assert [e["step"] for e in evals] == [0, 2, 3]
+    assert evals[0]["em"] == pytest.approx(em, abs=0.01)  # the untrained policy, as `corag evaluate` decodes
+    assert evals[0]["tokens"] == pytest.approx(tokens, abs=0.01)
+    assert [row["step"] for row in trainer.state.log_history if "heldout_em" in row] == [2]
+    assert (tmp_path / "run" / "progress.png").stat().st_size > 0
+
+
+def test_a_trl_without_a_private_name_is_refused_in_one_line(tmp_path):
+    with pytest.raises(TrlVersionError) as error:
+        check_trl({("trl.trainer.utils", None): ("pad", "no_such_helper")})
+    message = str(error.value)
+    assert "trl.trainer.utils.no_such_helper" in message and "1.16" in message and "\n" not in message
+    code = (
+        "import sys, trl.trainer.grpo_trainer as g; del g.GRPOTrainer._prepare_inputs; "
+        "from corag.recipes.grpo import main; sys.exit(main(['--output_dir', 'x']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert "_prepare_inputs" in lines[-1] and "tested with trl 1.16" in lines[-1]
+    assert "Traceback" not in done.stderr
+
+
+def test_importance_ratio_by_hand():
+    policy = torch.tensor([[-1.0, -2.0, 0.0]])
+    sampler = torch.tensor([[-1.5, -1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    # per token: exp(0.5) = 1.6487, exp(-1.0) = 0.3679, masked: exp(0) = 1
+    assert importance_ratio(policy, sampler, mask, "token_truncate", None, 1.5)[0].tolist() == pytest.approx(
+        [1.5, math.exp(-1.0), 1.0]
+    )
+    assert importance_ratio(policy, sampler, mask, "token_mask", 0.5, 1.5)[0].tolist() == pytest.approx(
+        [0.0, 0.0, 1.0]
+    )
+    # per sequence: exp(0.5 - 1.0) = 0.6065
+    assert importance_ratio(policy, sampler, mask, "sequence_truncate", None, 3.0)[
+        0
+    ].tolist() == pytest.approx([math.exp(-0.5)])
 
 
 def test_resume_continues_at_the_same_step_with_the_same_data(world, short_model_dir, tmp_path):
@@ -167,10 +319,14 @@ def test_vllm_rollouts_take_the_colocated_engine_and_refuse_what_they_cannot_car
         return GRPOConfig(**{**base, **changes})
 
     check_trainer_settings(settings())  # the shipped 8B configs' vLLM settings
+    check_trainer_settings(settings(vllm_importance_sampling_correction=True))  # the sampler's logps are kept
     refused = {
         "vllm_mode": {"vllm_mode": "server"},
         "vllm_tensor_parallel_size": {"vllm_tensor_parallel_size": 2},
-        "vllm_importance_sampling_correction": {"vllm_importance_sampling_correction": True},
+        "vllm_importance_sampling_mode": {
+            "vllm_importance_sampling_correction": True,
+            "vllm_importance_sampling_mode": "tokens",
+        },
         "vllm_enable_sleep_mode": {"vllm_enable_sleep_mode": True},
         "num_iterations": {"num_iterations": 2},
     }

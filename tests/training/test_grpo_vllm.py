@@ -66,7 +66,7 @@ def test_colocated_vllm_rollouts_train_and_follow_the_policy(
         retriever=DenseRetriever.from_passages(
             toy_world.passages, Encoder.from_preset("minilm", device="cpu")
         ),
-        rollout_config=RolloutConfig(max_chain_length=1, token_cost=0.5),
+        rollout_config=RolloutConfig(max_chain_length=1, reward=["f1", "-0.5*tokens"]),
     )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()

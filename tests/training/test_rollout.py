@@ -1,5 +1,6 @@
-"""Rollouts for GRPO on chains (corag/training/rollout.py): the pairs a chain trains on, their masks,
-rewards from metered chains and group advantages."""
+"""Rollouts for GRPO on chains (corag/training/rollout.py): the rows a chain trains on (the sampler's own
+ids and log-probabilities), greedy calls out of the loss, the policy's stop decision, rewards from
+metered chains and group advantages."""
 
 from __future__ import annotations
 
@@ -7,18 +8,22 @@ import math
 import statistics
 
 import pytest
-from transformers import AutoTokenizer
+import torch
+from transformers import AutoModelForCausalLM
 
 from corag.data.corpus import Corpus
 from corag.errors import InputError
 from corag.executor import Executor
 from corag.lm import load_lm
+from corag.lm.base import Completion, WrappedLM
 from corag.metrics import answer_scores
+from corag.prompts import STOP_YES
 from corag.retrieval.bm25 import BM25Retriever
-from corag.training.grpo import pair_tokens
-from corag.training.rollout import RolloutConfig, chain_pairs, chain_reward, group_advantages, rollout
+from corag.training.rewards import parse_terms, total_reward
+from corag.training.rollout import RolloutConfig, chain_rows, group_advantages, rollout, zero_spread
 
 G = 3
+T = 0.9
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +33,13 @@ def setup(short_model_dir, toy_world, toy_dir):
     return lm, corpus, BM25Retriever.from_passages(toy_world.passages), toy_world.train[:4]
 
 
-def run(setup, key="step-0", temperature=0.7, **config):
-    lm, corpus, retriever, questions = setup
+def run(setup, key="step-0", temperature=T, lm=None, **config):
+    default_lm, corpus, retriever, questions = setup
     return rollout(
-        Executor(lm, retriever),
+        Executor(lm or default_lm, retriever),
         questions,
         corpus,
-        RolloutConfig(max_chain_length=2, **config),
+        RolloutConfig(**{"max_chain_length": 2, **config}),
         group_size=G,
         temperature=temperature,
         key=key,
@@ -43,7 +48,7 @@ def run(setup, key="step-0", temperature=0.7, **config):
 
 @pytest.fixture(scope="module")
 def groups(setup):
-    return run(setup, token_cost=0.5)
+    return run(setup, reward=["f1", "-0.5*tokens"])
 
 
 def test_one_group_of_chains_per_question_in_order(groups, setup):
@@ -52,41 +57,91 @@ def test_one_group_of_chains_per_question_in_order(groups, setup):
     assert all(len({c.result.extras["chain"] for c in g}) == G for g in groups)
 
 
-def test_every_generation_is_a_pair_with_its_chains_advantage(groups):
-    for chain in (c for g in groups for c in g):
-        steps = len(chain.result.steps)
-        # call A for each step (and any sub-query asked again), call B for each step, then call C
-        assert len(chain.trace) >= 2 * steps + 1
-        final, _ = chain.trace[-1]  # call C is the last call, greedy with its own new-token cap
-        assert (final.max_new_tokens, final.temperature) == (128, 0.0)
-        pairs = chain_pairs(chain)
-        texts = [c.texts[0].strip() for _, c in chain.trace]
-        assert len(pairs) == sum(1 for t in texts if t)
-        assert all(p["advantage"] == chain.advantage for p in pairs)
-        assert [p["completion"][0]["content"] for p in pairs] == [t for t in texts if t]
-        assert [p["prompt"] for p in pairs] == [
-            list(r.messages) for (r, c) in chain.trace if c.texts[0].strip()
-        ]
-        answers = [p for p in pairs if p["call"] == len(chain.trace) - 1]
-        if chain.result.prediction:
-            assert answers[0]["completion"][0]["content"] == chain.result.prediction
-
-
-def test_no_retrieved_text_carries_a_label(groups, setup, short_model_dir, toy_world):
+def test_every_call_is_sampled_and_every_row_is_exactly_what_the_sampler_drew(groups, setup, short_model_dir):
+    """Each row's ids are the ids the sampler drew, and its log-probabilities are the policy's own at the
+    rollout temperature: a training forward pass over prompt + ids gives them back."""
+    model = AutoModelForCausalLM.from_pretrained(short_model_dir).eval()
     lm = setup[0]
-    tokenizer = AutoTokenizer.from_pretrained(short_model_dir)
+    checked = 0
+    for chain in (c for g in groups for c in g):
+        assert chain.calls[0] == "subquery" and chain.calls[-1] == "final"
+        assert all(request.temperature == T for request, _ in chain.trace)
+        rows = chain_rows(chain)
+        samples = [s for _, completion in chain.trace for s in completion.samples]
+        assert len(rows) == len(chain.trace) == len(samples)
+        for row, (request, completion) in zip(rows, chain.trace, strict=True):
+            (sample,) = completion.samples
+            assert row["completion_ids"] == sample.token_ids and row["logprobs"] == sample.logprobs
+            assert row["prompt_ids"] == lm.renderer.prompt_ids(request.messages)
+            assert row["advantage"] == chain.advantage
+            text = lm.tokenizer.decode(
+                [i for i in row["completion_ids"] if i not in lm.end_ids], skip_special_tokens=True
+            )
+            assert text.startswith(completion.texts[0])  # the text is cut from the ids, never the reverse
+        for row in rows[:3]:  # a forward pass per row: a few suffice
+            ids = torch.tensor([row["prompt_ids"] + row["completion_ids"]])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(row["prompt_ids"]) - 1 : -1] / T
+            expected = logits.log_softmax(-1).gather(-1, ids[0, len(row["prompt_ids"]) :, None])[:, 0]
+            assert torch.allclose(torch.tensor(row["logprobs"]), expected, atol=1e-4)
+            checked += 1
+    assert checked > 0
+
+
+def test_a_greedy_call_stays_in_the_chain_but_gives_no_row(setup):
+    groups = run(setup, sampled_calls=["subquery", "stop"])
+    for chain in (c for g in groups for c in g):
+        greedy = [
+            kind
+            for (request, _), kind in zip(chain.trace, chain.calls, strict=True)
+            if request.temperature == 0
+        ]
+        assert set(greedy) == {"subanswer", "final"} and len(greedy) == len(chain.result.steps) + 1
+        rows = chain_rows(chain)
+        assert {row["call"] for row in rows} <= {"subquery", "stop"}
+        assert len(rows) == len(chain.trace) - len(greedy)
+
+
+class StopsOddChains(WrappedLM):
+    """The tiny model, except that its reply to the stop question is Yes in odd-numbered chains (a
+    control-flow stand-in for a policy that has learned to stop)."""
+
+    def generate(self, requests):
+        completions = self.lm.generate(requests)
+        return [
+            Completion((STOP_YES,), c.usage, c.samples) if is_stop(r) and r.seed % 2 else c
+            for r, c in zip(requests, completions, strict=True)
+        ]
+
+
+def is_stop(request) -> bool:
+    return "enough information" in request.messages[-1]["content"]
+
+
+def test_the_policy_chooses_its_depth(setup):
+    groups = run(setup, lm=StopsOddChains(setup[0]), max_chain_length=3)
+    lengths = [[len(c.result.steps) for c in g] for g in groups]
+    assert any(len(set(group)) > 1 for group in lengths)  # chains of one group end at different depths
+    for chain in (c for g in groups for c in g):
+        stops = [kind for kind in chain.calls if kind == "stop"]
+        assert len(stops) == min(len(chain.result.steps), 2)  # asked after each step but the last
+        if len(chain.result.steps) < 3:
+            assert chain.stopped
+    fixed = run(setup, lm=StopsOddChains(setup[0]), max_chain_length=3, learned_stop=False)
+    assert all("stop" not in c.calls for g in fixed for c in g)
+
+
+def test_no_retrieved_text_is_trained(groups, setup, toy_world):
+    lm = setup[0]
     passages = {p.id: p.contents for p in toy_world.passages}
     with_documents = 0
     for chain in (c for g in groups for c in g):
         retrieved = {passages[d] for step in chain.result.steps for d in step.doc_ids}
-        for pair in chain_pairs(chain):
-            prompt_ids, completion_ids = pair_tokens(tokenizer, pair)
-            # the labelled tokens are the generated text and one end-of-turn token, nothing else
-            assert tokenizer.decode(completion_ids[:-1]) == pair["completion"][0]["content"]
-            assert completion_ids[-1] in lm.end_ids
-            shown = [text for text in retrieved if text in pair["prompt"][-1]["content"]]
-            assert all(text in tokenizer.decode(prompt_ids) for text in shown)
-            with_documents += bool(shown)
+        for row in chain_rows(chain):
+            completion = lm.tokenizer.decode(row["completion_ids"])
+            prompt = lm.tokenizer.decode(row["prompt_ids"])
+            assert not any(text in completion for text in retrieved)
+            with_documents += any(text in prompt for text in retrieved)
     assert with_documents > 0  # sub-answer prompts hold their documents, and they are prompt tokens
 
 
@@ -97,10 +152,25 @@ def test_rewards_come_from_the_metered_chain(groups):
         assert result.usage.total == metered > 0
         f1 = answer_scores(result.prediction, result.answers)["f1"]
         assert chain.reward == pytest.approx(f1 - 0.5 * metered / 1000)
-        assert (
-            chain_reward(result, RolloutConfig(reward="em"))
-            == answer_scores(result.prediction, result.answers)["em"]
-        )
+        em = answer_scores(result.prediction, result.answers)["em"]
+        assert total_reward(result, parse_terms(["em"])) == em
+        assert total_reward(result, parse_terms(["2*em", "-1*f1"])) == pytest.approx(2 * em - f1)
+
+
+def brevity(result) -> float:
+    """A user's own reward, named by its import path."""
+    return -len(result.prediction)
+
+
+def test_a_user_reward_by_import_path(groups):
+    terms = parse_terms([f"{__name__}.brevity"])
+    for chain in groups[0]:
+        assert total_reward(chain.result, terms) == -len(chain.result.prediction)
+
+
+def test_zero_spread(groups):
+    for group in groups:
+        assert zero_spread(group) == (len({round(c.reward, 9) for c in group}) == 1)
 
 
 def test_advantages_are_normalised_within_each_group(groups):
@@ -123,14 +193,14 @@ def test_the_same_key_samples_the_same_chains_and_another_key_others(setup, grou
     def chains(gs):
         return [[(c.result.steps, c.result.prediction) for c in g] for g in gs]
 
-    again = run(setup, token_cost=0.5)
+    again = run(setup, reward=["f1", "-0.5*tokens"])
     assert chains(again) == chains(groups)
-    other = run(setup, key="step-1", token_cost=0.5)
+    other = run(setup, key="step-1", reward=["f1", "-0.5*tokens"])
     assert chains(other) != chains(groups)
 
 
 def test_loglik_reward_is_the_gold_answers_score_and_not_trained_on(setup):
-    groups = run(setup, reward="loglik")
+    groups = run(setup, reward=["loglik"])
     for chain in (c for g in groups for c in g):
         assert chain.reward == chain.result.extras["gold_logprob"] < 0
         assert all(r.max_new_tokens > 0 for r, _ in chain.trace)  # generations only, no scoring call
@@ -138,7 +208,12 @@ def test_loglik_reward_is_the_gold_answers_score_and_not_trained_on(setup):
 
 def test_bad_settings_are_refused(setup):
     with pytest.raises(InputError, match="reward"):
-        run(setup, reward="bleu")
+        run(setup, reward=["bleu"])
+    with pytest.raises(InputError, match="weight"):
+        run(setup, reward=["x*f1"])
+    with pytest.raises(InputError) as error:
+        run(setup, sampled_calls=["subqueries"])
+    assert error.value.field == "sampled_calls"
     with pytest.raises(InputError, match="temperature"):
         run(setup, temperature=0.0)
     lm, corpus, retriever, questions = setup
