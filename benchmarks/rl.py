@@ -6,9 +6,11 @@ For each seed (a target world of the quickstart's sizes, also the sampling and f
 2. **+1 round of rejection sampling**: the same questions sampled again by the SFT model, SFT again from
    it on the new chains (the round's wall time is measured).
 3. **GRPO of the same wall time**: recipes/grpo.py from the SFT model (configs/grpo/toy.yaml) on the same
-   training questions, stopped after the step that passes that wall time.
+   training questions, stopped after the step that passes that wall time; then **GRPO of four times it**,
+   and **GRPO of four times it with a token cost** (reward F1 - 0.1 per 1,000 metered tokens).
 Each model answers the same held-out questions (50 2-hop, 50 3-hop) with greedy L=3; the table gives EM by
-hops and tokens per question, and GRPO's training reward in its first and last tenth of steps.
+hops and tokens per question, and for each GRPO run its steps, training reward in the first and last tenth
+of steps, the share of groups whose chains all scored alike, and its stop rate.
 
     python benchmarks/rl.py [--seeds 0 1 2] [--out runs/bench-rl]
 
@@ -54,7 +56,7 @@ def run_seed(seed: int, out: Path) -> dict:
     )  # fmt: skip
     corpus_file, index = out / "world" / "corpus.jsonl", out / "index"
     corpus, retriever = Corpus.load(corpus_file), load_retriever(index)
-    sft, round2, grpo = out / "models" / "corag", out / "models" / "round2", out / "models" / "grpo"
+    sft, round2 = out / "models" / "corag", out / "models" / "round2"
     timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").exists() else {}
 
     # 2. One more round: the SFT model samples the same questions, then SFT from it on its own chains.
@@ -71,40 +73,52 @@ def run_seed(seed: int, out: Path) -> dict:
         timings["round2_s"] = round(time.perf_counter() - start, 1)
         (out / "timings.json").write_text(json.dumps(timings))
 
-    # 3. GRPO from the SFT model for the round's wall time.
-    if not (grpo / "config.json").exists():
-        questions = out / "world" / "train.jsonl"
+    # 3. GRPO from the SFT model for the round's wall time, four times it, and four times it with a token cost.
+    toy = REPO / "configs/grpo/toy.yaml"
+    costly = out / "grpo-token-cost.yaml"  # a leading minus would read as a flag on the command line
+    costly.write_text(f"base: {toy}\nreward: [f1, -0.1*tokens]\n")
+    runs = {"grpo": (1, toy), "grpo4": (4, toy), "grpo4_cost": (4, costly)}
+    for name, (times, config) in runs.items():
+        folder = out / "models" / name
+        if (folder / "config.json").exists():
+            continue
         args = [
-            sys.executable, str(REPO / "recipes/grpo.py"), "--config", str(REPO / "configs/grpo/toy.yaml"),
-            "--model_name_or_path", str(sft), "--output_dir", str(grpo), "--questions", str(questions),
-            "--limit", str(cfg.sample_questions), "--corpus", str(corpus_file), "--retriever", str(index),
-            "--max_steps", "100000", "--save_strategy", "no", "--logging_steps", "1", "--seed", str(seed),
-            "--time_limit_minutes", str(timings["round2_s"] / 60),
+            sys.executable, str(REPO / "recipes/grpo.py"), "--config", str(config),
+            "--model_name_or_path", str(sft), "--output_dir", str(folder),
+            "--questions", str(out / "world" / "train.jsonl"), "--limit", str(cfg.sample_questions),
+            "--corpus", str(corpus_file), "--retriever", str(index), "--max_steps", "100000",
+            "--save_strategy", "no", "--logging_steps", "1", "--seed", str(seed),
+            "--time_limit_minutes", str(times * timings["round2_s"] / 60),
         ]  # fmt: skip
         start = time.perf_counter()
         subprocess.run(args, check=True)
-        timings["grpo_s"] = round(time.perf_counter() - start, 1)
+        timings[f"{name}_s"] = round(time.perf_counter() - start, 1)
         (out / "timings.json").write_text(json.dumps(timings))
 
-    cfg = replace(cfg, evals=[f"sft=sft@{EVAL}", f"round2=round2@{EVAL}", f"grpo=grpo@{EVAL}"])
-    results = evaluate_all(
-        cfg, out, {"sft": sft, "round2": round2, "grpo": grpo}, world, corpus, retriever, {}
-    )
-    rewards = [row["reward"] for row in json.loads((grpo / "trainer_state.json").read_text())["log_history"]
-               if "reward" in row]  # fmt: skip
-    tenth = max(1, len(rewards) // 10)
+    models = {"sft": sft, "round2": round2, **{name: out / "models" / name for name in runs}}
+    cfg = replace(cfg, evals=[f"{name}={name}@{EVAL}" for name in models])
+    results = evaluate_all(cfg, out, models, world, corpus, retriever, {})
     row: dict = {
         name: {
             "em_2hop": results[name]["em_by_hops"]["2"],
             "em_3hop": results[name]["em_by_hops"]["3"],
             "tokens_per_question": results[name]["tokens_per_question"],
         }
-        for name in ("sft", "round2", "grpo")
+        for name in models
     }
-    row["grpo_steps"] = len(rewards)
-    row["grpo_reward_first_tenth"] = round(statistics.fmean(rewards[:tenth]), 4)
-    row["grpo_reward_last_tenth"] = round(statistics.fmean(rewards[-tenth:]), 4)
-    row["wall_s"] = {"round2": timings["round2_s"], "grpo": timings["grpo_s"]}
+    for name in runs:
+        history = json.loads((out / "models" / name / "trainer_state.json").read_text())["log_history"]
+        steps = [r for r in history if "reward" in r]
+        tenth = max(1, len(steps) // 10)
+        row[name].update(
+            steps=len(steps),
+            reward_first_tenth=round(statistics.fmean(r["reward"] for r in steps[:tenth]), 4),
+            reward_last_tenth=round(statistics.fmean(r["reward"] for r in steps[-tenth:]), 4),
+            zero_spread=round(statistics.fmean(r["zero_spread"] for r in steps), 3),
+            stop_rate=round(statistics.fmean(r["stop_rate"] for r in steps), 3),
+            wall_s=timings[f"{name}_s"],
+        )
+    row["round2_wall_s"] = timings["round2_s"]
     return row
 
 
@@ -114,12 +128,11 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench-rl")
     args = parser.parse_args()
     seeds = {seed: run_seed(seed, Path(args.out) / f"seed{seed}") for seed in args.seeds}
+    first = seeds[args.seeds[0]]
     means = {
-        name: {
-            k: round(statistics.fmean(s[name][k] for s in seeds.values()), 2)
-            for k in seeds[args.seeds[0]][name]
-        }
-        for name in ("sft", "round2", "grpo")
+        name: {k: round(statistics.fmean(s[name][k] for s in seeds.values()), 2) for k in first[name]}
+        for name in first
+        if isinstance(first[name], dict)
     }
     for seed, row in seeds.items():
         print(f"seed {seed}: {json.dumps(row)}")
