@@ -23,8 +23,9 @@ from corag.types import Usage
 
 
 def _sample(prompt: Sequence[int], output: Any) -> Sample:
-    """One vLLM sample's exact tokens and the log-probability of each (the engine runs with
-    `logprobs_mode="processed_logprobs"`: after temperature, as the transformers backend reports them)."""
+    """One vLLM sample's exact tokens and the log-probability of each. trl's colocated engine, which GRPO
+    rollouts run on, reports them after temperature (`logprobs_mode="processed_logprobs"`), as the
+    transformers backend does; an engine started with vLLM's default reports the raw distribution's."""
     ids = tuple(output.token_ids)
     logprobs = tuple(output.logprobs[p][token].logprob for p, token in enumerate(ids))
     return Sample(tuple(prompt), ids, logprobs)
@@ -55,7 +56,6 @@ class VLLMLM(CountingLM):
         self._render_with(AutoTokenizer.from_pretrained(path), path, chat_template_kwargs, system_prompt)
         if max_num_seqs is not None:
             engine_kwargs["max_num_seqs"] = max_num_seqs
-        engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         self._max_context = self._start(
             model=path,
             tensor_parallel_size=tensor_parallel_size,
