@@ -62,9 +62,10 @@ def multihopqa(tmp_path) -> Path:
 
 
 def named_questions_files(dataset: str) -> set[str]:
-    """The `data/<dataset>/*.jsonl` questions files the shipped configs and the README name."""
+    """The `data/<dataset>/*.jsonl` questions files the shipped configs, the README and docs/cluster.md
+    name."""
     texts = [p.read_text() for p in sorted((REPO / "configs").rglob("*.yaml"))]
-    texts.append((REPO / "README.md").read_text())
+    texts += [(REPO / "README.md").read_text(), (REPO / "docs" / "cluster.md").read_text()]
     return {m for t in texts for m in re.findall(rf"data/{dataset}/[\w.-]+\.jsonl", t)}
 
 
@@ -227,9 +228,9 @@ def test_subsets_choose_folders(multihopqa, tmp_path):
 
 
 def test_one_e5_index_path_across_configs_readme_and_launchers():
-    """The dense E5 index of the KILT corpus has one name wherever a config, the README or a launcher
-    names it."""
-    files = [*sorted((REPO / "configs").rglob("*.yaml")), REPO / "README.md"]
+    """The dense E5 index of the KILT corpus has one name wherever a config, the README, docs/cluster.md or
+    a launcher names it."""
+    files = [*sorted((REPO / "configs").rglob("*.yaml")), REPO / "README.md", REPO / "docs" / "cluster.md"]
     files += [*sorted((REPO / "sampling").glob("*.sh")), *sorted((REPO / "evaluation").glob("*.py"))]
     names = {
         m

@@ -72,7 +72,8 @@ def test_the_readme_commands_parse():
     import re
     import shlex
 
-    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
+    pages = (REPO / "README.md", REPO / "docs" / "cluster.md")  # the toy run, the cluster's 8B run
+    blocks = [b for p in pages for b in re.findall(r"```bash\n(.*?)```", p.read_text(), flags=re.DOTALL)]
     text = "\n".join(blocks).replace("\\\n", " ").replace("corag train grpo", "-m corag.recipes.grpo")
     commands = [
         line.split("-m corag.recipes.grpo")[1] for line in text.splitlines() if "corag.recipes.grpo" in line
