@@ -4,6 +4,8 @@ the library never imports a command, and strategies and methods never reach an e
 from __future__ import annotations
 
 import ast
+import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +159,93 @@ def test_the_checks_see_cycles_and_lazy_imports() -> None:
     graph = import_graph()
     assert "corag.lm.hf" in graph["corag.lm"]  # load_lm imports its backends inside the function
     assert layer_of("corag.lm.base") < layer_of("corag.lm.hf") < layer_of("corag.decoding.greedy")
+
+
+# docs/architecture.md, point by point ------------------------------------------------------------------
+
+DOC = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def doc_layers() -> list[list[str]]:
+    """The modules column of the doc's layer table, row by row, as dotted names (`decoding/*` -> corag.decoding)."""
+    text = DOC.read_text().split("## The layers", 1)[1].split("\n\n## ", 1)[0]
+    rows = [line.split("|")[2] for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    return [
+        ["corag." + name.removesuffix("/*").replace("/", ".") for name in re.findall(r"`([\w/*]+)`", row)]
+        for row in rows[1:]  # after the header
+    ]
+
+
+def test_the_doc_layer_table_is_the_layers_the_checks_use() -> None:
+    layers = doc_layers()
+    assert len(layers) == len(LAYERS)
+    for index, modules in enumerate(layers):
+        for module in modules:
+            assert layer_of(module) == index, (module, index)
+    text = DOC.read_text().split("## The layers", 1)[1].split("\n\n## ", 1)[0]
+    stars = {"corag." + s.replace("/", ".") for s in re.findall(r"`([\w/]+)/\*`", text)}
+    listed = {m for row in layers for m in row} - stars
+    unlisted = [
+        module
+        for module in import_graph()
+        if module != "corag" and module not in listed and not any(module.startswith(s) for s in stars)
+    ]
+    assert unlisted == [], "modules in no row of docs/architecture.md's table"
+
+
+def test_every_file_the_doc_names_exists() -> None:
+    names = re.findall(r"`((?:corag|tests|recipes|benchmarks|docs)/[\w./-]*)`", DOC.read_text())
+    assert len(names) > 30
+    missing = [n for n in names if not (PACKAGE.parent / n).exists()]
+    assert missing == []
+
+
+def test_every_strategy_takes_what_predict_and_evaluate_pass_it() -> None:
+    """docs/architecture.md: `name(ctx, example, corpus, *, max_steps, stop_bias, task_desc, docs,
+    final_docs, limits, ...)`; corag predict and corag evaluate pass final_docs and limits to every one."""
+    from corag.decoding import STRATEGIES
+
+    for name, strategy in STRATEGIES.items():
+        parameters = inspect.signature(strategy).parameters
+        assert list(parameters)[:3] == ["ctx", "example", "corpus"], name
+        keywords = {p for p, v in parameters.items() if v.kind is inspect.Parameter.KEYWORD_ONLY}
+        assert {"max_steps", "stop_bias", "task_desc", "docs", "final_docs", "limits"} <= keywords, name
+
+
+def test_every_method_takes_its_corpus_by_keyword() -> None:
+    """docs/architecture.md: `name(ctx, example, *, corpus, **settings) -> dict`."""
+    from corag.methods import METHODS
+
+    for name, method in METHODS.items():
+        parameters = inspect.signature(method).parameters
+        assert list(parameters)[:2] == ["ctx", "example"], name
+        assert parameters["corpus"].kind is inspect.Parameter.KEYWORD_ONLY, name
+
+
+def test_the_names_the_doc_gives_exist_where_it_says() -> None:
+    """The dicts, functions and tuples 'Where to add' tells a contributor to edit."""
+    import corag.commands.plan as plan_command
+    import corag.commands.train as train
+    import corag.evaluation as evaluation
+    import corag.lm as lm
+    import corag.lm.settings as settings
+    import corag.metrics as metrics
+    import corag.plan as plan
+    import corag.retrieval as retrieval
+    import corag.tasks as tasks
+    from corag.cli import COMMANDS
+    from corag.data import formats
+
+    assert {"ALIASES", "AT_LEAST_ONE", "RULE_CHOICES", "answer_row", "methods"} <= set(vars(evaluation))
+    assert {"load_lm"} <= set(vars(lm)) and {"BACKENDS", "EngineSettings"} <= set(vars(settings))
+    planned = {"_plan_engines", "index_size", "STAGES", "plan_stage", "detect_stage", "check_visible"}
+    assert planned <= set(vars(plan))
+    assert {"load_retriever", "check_corpus"} <= set(vars(retrieval))
+    assert {"LOADERS", "format_of_keys", "detect_format"} <= set(vars(formats))
+    assert {"TASKS", "RULES", "_BENCHMARK_WORDS"} <= set(vars(tasks))
+    assert {"F1_RULES", "token_prf"} <= set(vars(metrics))
+    assert "STAGE_CONFIGS" in vars(plan_command) and "RECIPES" in vars(train)
+    assert all(":" in target for target, _ in COMMANDS.values())
+    # which methods get IRCoT's demonstrations is a tuple in corag/commands/evaluate.py, as the doc says
+    source = (PACKAGE / "commands" / "evaluate.py").read_text()
+    assert '("ircot", "one_step", "no_retrieval")' in source and "`--demonstrations`" in DOC.read_text()
