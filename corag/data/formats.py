@@ -639,6 +639,30 @@ def load_multihopqa(
     return _check_answered(examples, "answers")
 
 
+# FlashRAG (the question files of the Search-R1 suite) -----------------------------------------------
+
+_FLASHRAG_REQUIRED = {"id": str, "question": str, "golden_answers": list}
+
+
+def load_flashrag(path: PathLike, *, task: str | None = None, **_: Any) -> list[Example]:
+    """FlashRAG's question files (RUC-NLPIR/FlashRAG_datasets, read by Search-R1's data scripts): JSON
+    lines of `id, question, golden_answers`, with an optional `metadata` object kept in `meta`. The
+    files carry no task: it comes from `--task` or the file's name."""
+    path = Path(path)
+    task_name = _task_name(path, task)
+    ids, examples = UniqueIds(path), []
+    for row in read_rows(path):
+        r, where = row.record, _where(path, row, "id")
+        check_fields(r, _FLASHRAG_REQUIRED, {"metadata": dict}, **_kw(where))
+        answers = check_str_list(r["golden_answers"], "golden_answers", non_empty=True, **_kw(where))
+        ids.add(r["id"], row.line)
+        meta = {"metadata": r["metadata"]} if r.get("metadata") else {}
+        examples.append(
+            Example(id=r["id"], query=r["question"], answers=_dedup(answers), task=task_name, meta=meta)
+        )
+    return examples
+
+
 # The project's plain JSONL -------------------------------------------------------------------------
 
 
@@ -732,11 +756,18 @@ LOADERS: dict[str, Callable[..., list[Example]]] = {
     "bamboogle": load_bamboogle,
     "kilt": load_kilt,
     "multihopqa": load_multihopqa,
+    "flashrag": load_flashrag,
 }
 
 
 # Where each format keeps the question (for messages).
-QUESTION_FIELD = {"jsonl": "query", "multihopqa": "query", "kilt": "input", "bamboogle": "column 0"}
+QUESTION_FIELD = {
+    "jsonl": "query",
+    "multihopqa": "query",
+    "kilt": "input",
+    "bamboogle": "column 0",
+    "flashrag": "question",
+}
 
 
 def _first_keys(path: Path) -> set[str]:
@@ -755,6 +786,8 @@ def format_of_keys(keys: set[str]) -> str | None:
         return "jsonl"
     if {"id", "input"} <= keys:
         return "kilt"
+    if {"id", "question", "golden_answers"} <= keys:
+        return "flashrag"
     if {"id", "question", "answer"} <= keys:
         return "musique"
     if {"_id", "question", "answer"} <= keys:
@@ -811,8 +844,8 @@ def detect_format(path: PathLike) -> str:
 
 def load_examples(source: Any, fmt: str | None = None, **kwargs: Any) -> list[Example]:
     """Load questions from `source` (a path, or a `datasets.Dataset` for "multihopqa") in format
-    `fmt` ("jsonl", "hotpotqa", "2wiki", "musique", "bamboogle", "kilt", "multihopqa"), detected from
-    the keys of its records when not given. Keyword arguments go to the loaders (`task` to every one,
+    `fmt` ("jsonl", "hotpotqa", "2wiki", "musique", "bamboogle", "kilt", "multihopqa", "flashrag"),
+    detected from the keys of its records when not given. Keyword arguments go to the loaders (`task` to every one,
     `aliases` to 2Wiki's, `errors` to jsonl's and multihopqa's). A file without questions is an error."""
     if not isinstance(source, str | Path):
         fmt = fmt or "multihopqa"

@@ -26,12 +26,14 @@ TWOWIKI = "2wikimultihopqa/2wiki_dev_sample.json"
 MUSIQUE = "musique/musique_ans_v1.0_dev_sample.jsonl"
 BAMBOOGLE = "bamboogle/bamboogle.csv"
 KILT = "kilt/hotpotqa-dev-kilt.sample.jsonl"
+FLASHRAG = "flashrag/multihopqa_dev_sample.jsonl"
 
 
 @pytest.fixture(scope="session")
 def loaded(shared_data: Path) -> dict[str, list[Example]]:
     """Every real sample file, read through format auto-detection."""
-    return {name: load_examples(shared_data / name) for name in (HOTPOT, TWOWIKI, MUSIQUE, BAMBOOGLE, KILT)}
+    names = (HOTPOT, TWOWIKI, MUSIQUE, BAMBOOGLE, KILT, FLASHRAG)
+    return {name: load_examples(shared_data / name) for name in names}
 
 
 def by_id(examples: list[Example]) -> dict[str, Example]:
@@ -49,6 +51,7 @@ def test_every_sample_file_is_detected_and_loaded(shared_data, loaded):
         MUSIQUE: "musique",
         BAMBOOGLE: "bamboogle",
         KILT: "kilt",
+        FLASHRAG: "flashrag",
     }
     assert {f: detect_format(shared_data / f) for f in files} == expected
     for name, examples in loaded.items():
@@ -182,6 +185,35 @@ def test_kilt(shared_data, loaded):
     # a KILT file names tasks in KILT's namespace: its hotpotqa is KILT's HotpotQA
     assert load_examples(shared_data / KILT, task="hotpotqa")[0].task == "kilt_hotpotqa"
     assert load_examples(shared_data / KILT, task="nq")[0].task == "nq"
+
+
+def test_flashrag(shared_data, loaded, tmp_path):
+    examples = loaded[FLASHRAG]
+    assert [e.id for e in examples] == [f"dev_{i}" for i in range(5)]
+    assert {e.task for e in examples} == {"multihopqa"}  # from the file's name
+    assert examples[0].query == "which river flows through the capital of austria"
+    assert examples[0].answers == ("Danube", "Danube River") and examples[0].meta == {}
+    assert examples[1].meta == {"metadata": {"type": "bridge", "level": "easy"}}
+    assert load_examples(shared_data / FLASHRAG, task="nq")[0].task == "nq"
+
+    record = {"id": "test_0", "question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}
+    bad = [
+        ({**record, "golden_answers": "Shakespeare"}, "golden_answers", "expected a list"),
+        ({**record, "golden_answers": [" "]}, "golden_answers", "at least one non-empty"),
+        ({k: v for k, v in record.items() if k != "golden_answers"}, "golden_answers", "missing required"),
+        ({**record, "question": 7}, "question", "expected a str"),
+    ]
+    for broken, field, message in bad:
+        _write_lines(tmp_path / "nq_test.jsonl", [json.dumps(record), json.dumps(broken)])
+        with pytest.raises(InputError, match=message) as err:
+            load_examples(tmp_path / "nq_test.jsonl")
+        assert (err.value.line, err.value.record, err.value.field) == (2, "test_0", field)
+    _write_lines(tmp_path / "nq_test.jsonl", [json.dumps(record)] * 2)
+    with pytest.raises(InputError, match="duplicate id"):
+        load_examples(tmp_path / "nq_test.jsonl")
+    _write_lines(tmp_path / "popqa_test.jsonl", [json.dumps(record)])
+    with pytest.raises(InputError, match="pass --task"):
+        load_examples(tmp_path / "popqa_test.jsonl")
 
 
 def test_kilt_provenance_only_outputs_and_test_files(tmp_path):
@@ -341,7 +373,16 @@ def test_bad_records_in_real_formats(tmp_path, shared_data):
 
 
 def test_format_choice(tmp_path, shared_data):
-    assert set(LOADERS) == {"jsonl", "hotpotqa", "2wiki", "musique", "bamboogle", "kilt", "multihopqa"}
+    assert set(LOADERS) == {
+        "jsonl",
+        "hotpotqa",
+        "2wiki",
+        "musique",
+        "bamboogle",
+        "kilt",
+        "multihopqa",
+        "flashrag",
+    }
     with pytest.raises(InputError, match="no records"):
         detect_format(_write_lines(tmp_path / "data.json", ["[]"]))
     with pytest.raises(InputError, match="pass --format"):
