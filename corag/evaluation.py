@@ -8,7 +8,8 @@ tasks also `kilt_submission.jsonl`; with `--official-files`, the official infere
 and `metrics_*.json`). `results.md`, `results.csv` and `scaling.png` (accuracy against mean tokens per
 question, with the Pareto frontier and, when it has four points or more, its log fit) hold every run
 in the output folder, those of earlier calls included. Answers are scored by each benchmark's official
-rule (`--rules official`) or the CoRAG release's (`--rules corag`, the paper's numbers).
+rule (`--rules official`), the CoRAG release's (`--rules corag`, the paper's numbers) or Search-R1's
+(`--rules search-r1`, its EM).
 """
 
 from __future__ import annotations
@@ -203,17 +204,19 @@ def run_method(
 # Scoring --------------------------------------------------------------------------------------------
 
 # How answers are scored: "official" applies each task's official rule (corag.tasks), "corag" the CoRAG
-# release's (SQuAD EM and F1 for every dataset, as the paper reports), a rule name forces that rule.
-RULE_CHOICES = ("official", "corag", *RULES)
+# release's (SQuAD EM and F1 for every dataset, as the paper reports), "search-r1" Search-R1's (its EM,
+# corag.metrics), a rule name forces that rule.
+RULE_CHOICES = ("official", "corag", "search-r1", *RULES)
 
 
 def rule_of(example: Example, rules: str = "official") -> str:
-    """The rule that scores `example` under `rules` ("official", "corag", a rule or a task name)."""
+    """The rule that scores `example` under `rules` ("official", "corag", "search-r1", a rule or a task
+    name)."""
     if rules == "official":
         return get_task(example.task).rule
     if rules == "corag":
         return "squad"
-    if rules in RULES:
+    if rules == "search-r1" or rules in RULES:
         return rules
     return get_task(rules, field="--rules").rule
 

@@ -12,6 +12,9 @@ F1's edge cases, which `F1_RULES` names per dataset:
   sides differ.
 - "musique": MuSiQue's metrics/answer.py (SQuAD v2 style): when either side has no tokens, F1 is 1 if
   both are empty and 0 otherwise.
+- "search-r1": Search-R1's evaluation (PeterGriffinJin/Search-R1, verl/utils/reward_score/qa_em.py:
+  `em_check` over `normalize_answer`), which reports EM only: its normalisation is SQuAD's, applied in
+  the same order, and it takes any gold answer, so its EM is the EM below; F1 is SQuAD's.
 
 EM is the same everywhere: normalised strings equal (so two empty strings match). Every answer metric
 takes the max over the gold answer and its aliases.
@@ -45,6 +48,7 @@ F1_RULES: dict[str, str] = {
     "multihopqa": "squad",
     "kilt": "squad",
     "toy": "squad",
+    "search-r1": "squad",
 }
 
 

@@ -271,6 +271,21 @@ def test_an_official_prediction_file_scores_as_the_same_predictions_in_ours(shar
     assert 50.0 <= ours["em"] < 75.0 and ours["eval_task"] == "musique" and ours["eval_split"] == "dev"
 
 
+def test_search_r1_rules_score_every_task_by_its_em(shared_data, tmp_path, capsys):
+    from corag.evaluation import RULE_CHOICES, rule_of
+
+    example = Example("q", "Is it?", ("yes",), task="hotpotqa")
+    assert "search-r1" in RULE_CHOICES and rule_of(example, "search-r1") == "search-r1"
+    assert rule_of(example, "official") == "hotpotqa"
+    examples = load_examples(shared_data / MUSIQUE)
+    _ours(tmp_path / "ours.jsonl", examples, _noisy(examples))
+    for rules in ("search-r1", "corag"):
+        assert evaluate(capsys, "--data", shared_data / MUSIQUE, "--predictions", tmp_path / "ours.jsonl",
+                        "--out-dir", tmp_path / rules, "--rules", rules)[0] == 0  # fmt: skip
+    ours, corag = metrics_of(tmp_path / "search-r1"), metrics_of(tmp_path / "corag")
+    assert ours["rule"] == "search-r1" and ours["em"] == corag["em"] and ours["f1"] == corag["f1"]
+
+
 def test_official_files_written_beside_ours_read_back_the_same(shared_data, tmp_path, capsys):
     from corag.evaluation import write_official_files
 

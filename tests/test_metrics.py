@@ -556,6 +556,35 @@ def test_dataset_names_pick_rules():
         f1("a", "b", rule="hotpot")
 
 
+# Pairs computed by hand with Search-R1's `em_check` (verl/utils/reward_score/qa_em.py): lower, drop
+# ASCII punctuation, drop a/an/the, collapse whitespace; 1 when it equals any normalised gold.
+SEARCH_R1_EM_PAIRS = [
+    ("Norway", ["norway"], 1.0),
+    ("The  Danube.", ["Danube"], 1.0),  # article, punctuation and spacing
+    ("U.S.A.", ["USA"], 1.0),  # punctuation inside a word goes: "usa"
+    ("an apple", ["Apple", "pear"], 1.0),  # any gold
+    ("the theatre", ["theatre"], 1.0),  # "the" only as a whole word
+    ("Anne", ["ne"], 0.0),  # "an" inside a word stays
+    ("Philip K. Dick", ["Philip K Dick", "Philip Kindred Dick"], 1.0),
+    ("Rock–paper", ["Rock paper"], 0.0),  # the en dash is not ASCII punctuation: kept
+    ("Oslo, Norway", ["Oslo"], 0.0),  # exact, not containment
+    ("", ["the"], 1.0),  # both normalise to nothing
+    ("no", ["yes"], 0.0),
+]
+
+
+@pytest.mark.parametrize(("prediction", "golds", "em"), SEARCH_R1_EM_PAIRS)
+def test_search_r1_rule_is_its_em_check(prediction: str, golds: list[str], em: float) -> None:
+    """Search-R1's EM uses SQuAD's normalisation in SQuAD's order and any gold, so no pair of strings
+    tells it apart from the SQuAD rule's EM: each hand-computed pair scores the same under both. (The
+    release differs only in reading the answer, corag.methods.search_r1; its F1 is SQuAD's, as it has
+    none of its own.)"""
+    scores = answer_scores(prediction, golds, "search-r1")
+    assert scores["em"] == em == answer_scores(prediction, golds, "squad")["em"]
+    assert scores["f1"] == answer_scores(prediction, golds, "squad")["f1"]
+    assert f1_rule("search-r1") == "squad"
+
+
 def test_score_answers_averages():
     result = score_answers(["Paris", "yes it is", ""], [["Paris"], ["yes"], ["Rome"]], "hotpotqa")
     assert result["count"] == 3.0

@@ -54,7 +54,8 @@ class EvaluateArgs:
     rules: str = field(
         default="official",
         metadata={"choices": list(RULE_CHOICES), "help": "answer scoring: each benchmark's official script "
-        "(official), the CoRAG paper's SQuAD EM/F1 everywhere (corag), or one rule for all"},
+        "(official), the CoRAG paper's SQuAD EM/F1 everywhere (corag), Search-R1's EM (search-r1), or one "
+        "rule for all"},
     )  # fmt: skip
     predictions: str | None = field(
         default=None, metadata={"help": "score this prediction file (ours or official) instead"}
