@@ -39,8 +39,10 @@ def test_a_recipe_starts_outside_the_checkout(tmp_path: Path, command: list[str]
 
 
 def test_train_names_its_recipes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train"]) == 2 and main(["train", "dpo"]) == 2
-    assert "corag train {sft,grpo}" in capsys.readouterr().err
+    for argv, message in [([], "usage: corag train {sft,grpo}"), (["dpo"], "unknown recipe 'dpo'")]:
+        with pytest.raises(SystemExit) as exit_:
+            main(["train", *argv])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_default_recipe_and_configs_are_package_files(
