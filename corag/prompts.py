@@ -276,3 +276,57 @@ def searchain_feedback(question: str, query: str, answer: str, reference: str) -
     """A verification result sent back as a new user turn: the reader's answer and its document."""
     content = SEARCHAIN_FEEDBACK.format(query=query, answer=answer, question=question, reference=reference)
     return {"role": "user", "content": content}
+
+
+# Search-R1 ------------------------------------------------------------------------------------------
+# Compatibility strings: released Search-R1 checkpoints were trained on exactly these bytes. Sources in
+# PeterGriffinJin/Search-R1: the instruction is `make_prefix` (template_type "base") of
+# scripts/data_process/nq_search.py, read in the fork Hazoom/Search-R1 at b660b6c (the upstream file is
+# not in our index; the same bytes appear in the copies of infer.py); the information block, the
+# invalid-action message and the document lines are `execute_predictions` and `_passages2string` of
+# search_r1/llm_agent/generation.py at 8b416d2.
+
+SEARCH_R1_INSTRUCTION = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
+    "After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query "
+    "</search> and it will return the top searched results between <information> and </information>. "
+    "You can search as many times as your want. "
+    "If you find no further external knowledge needed, you can directly provide the answer inside <answer> "
+    "and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: {question}\n"
+)
+SEARCH_R1_INFORMATION = "\n\n<information>{documents}</information>\n\n"
+SEARCH_R1_INVALID = (
+    "\nMy previous action is invalid. "
+    "If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
+
+
+def search_r1_question(question: str) -> str:
+    """The question as the release's data scripts write it: stripped, ending in a question mark."""
+    question = question.strip()
+    return question if question.endswith("?") else f"{question}?"
+
+
+def search_r1_prompt(question: str) -> str:
+    """The user turn of a Search-R1 conversation."""
+    return SEARCH_R1_INSTRUCTION.replace("{question}", search_r1_question(question))
+
+
+def search_r1_information(passages: Sequence[Passage]) -> str:
+    """Retrieved documents as the release inserts them after a search: `Doc i(Title: t) text` lines
+    (a document's first line is its title there, the rest its text), stripped, in <information> tags."""
+    lines = "".join(f"Doc {i}(Title: {p.title}) {p.contents}\n" for i, p in enumerate(passages, start=1))
+    return SEARCH_R1_INFORMATION.replace("{documents}", lines.strip())
+
+
+def search_r1_messages(question: str, trajectory: str) -> list[Message]:
+    """The conversation so far: the instruction as the user turn and, once the model has written,
+    everything since (its turns and the inserted blocks) as an assistant turn the model continues."""
+    messages: list[Message] = [{"role": "user", "content": search_r1_prompt(question)}]
+    if trajectory:
+        messages.append({"role": "assistant", "content": trajectory})
+    return messages

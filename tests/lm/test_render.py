@@ -136,6 +136,7 @@ SETTINGS = {
     "one_step": dict(k=3, reader_max_new_tokens=4),
     "no_retrieval": dict(reader_max_new_tokens=4),
     "searchain": dict(max_rounds=1, chain_max_new_tokens=8, reader_max_new_tokens=4),
+    "search-r1": dict(max_turns=1, max_new_tokens=4),
 }
 
 

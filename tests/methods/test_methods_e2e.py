@@ -58,6 +58,7 @@ SETTINGS = {
     "one_step": dict(k=5, reader_max_new_tokens=6),
     "no_retrieval": dict(reader_max_new_tokens=6),
     "searchain": dict(max_rounds=2, chain_max_new_tokens=24, reader_max_new_tokens=6),
+    "search-r1": dict(max_turns=2, max_new_tokens=8),
 }
 
 
@@ -67,7 +68,7 @@ def test_method_end_to_end(method: str, setup, toy_world) -> None:
     lm = Recording(hf)
     examples = toy_world.test[:3]
     settings = dict(SETTINGS[method])
-    if method != "searchain":
+    if method in ("ircot", "one_step", "no_retrieval"):
         settings["demonstrations"] = demos
     contexts = [Context(lm, retriever) for _ in examples]
     executor = Executor(lm, retriever)
