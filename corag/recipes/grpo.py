@@ -6,7 +6,8 @@
 
 (recipes/grpo.py, in a checkout, is the same program.)
 
-Each step takes a batch of training questions. For each, `num_generations` chains are sampled by the
+Each step takes `questions_per_step` training questions, split over the processes whatever their
+number (steps_per_generation follows). For each, `num_generations` chains are sampled by the
 policy being trained (corag.training.rollout: sub-queries, sub-answers, the stop decision and the final
 answer sampled at `temperature`, each kind unless left out of `sampled_calls`; sub-queries searched in
 `retriever`; the released prompt formats), rewarded by the weighted terms of `reward`
@@ -37,7 +38,7 @@ from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig, ModelConfig, get_peft_config
 
 from corag.chain import GenerationLimits
-from corag.config import parse_config
+from corag.config import parse_config, read_config
 from corag.errors import InputError
 from corag.training.recipes import attention_implementation, fail, wandb_offline_if_unreachable
 from corag.training.rollout import RolloutConfig
@@ -71,6 +72,14 @@ class RecipeArguments:
         default="greedy:L=3",
         metadata={"help": "how they are answered, as `corag evaluate --methods` takes it"},
     )
+    questions_per_step: int | None = field(
+        default=None,
+        metadata={
+            "help": "questions per optimizer step over all processes, whatever the number of GPUs: sets "
+            "steps_per_generation and gradient_accumulation_steps to this x num_generations / "
+            "(per_device_train_batch_size x processes)"
+        },
+    )
 
 
 CONFIGS = (RecipeArguments, RolloutConfig, GenerationLimits, GRPOConfig, ModelConfig)
@@ -89,6 +98,42 @@ class TimeLimit(TrainerCallback):
         return control
 
 
+def micro_steps(questions: int, num_generations: int, per_device: int, world_size: int) -> int:
+    """Micro-steps a process takes per optimizer step (steps_per_generation) so that a step holds
+    `questions` over `world_size` processes: each samples questions / world_size of them, `num_generations`
+    chains each, and trains `per_device` chains' rows a micro-step; an InputError when it does not divide."""
+    if questions < 1 or questions % world_size:
+        raise InputError(
+            f"{questions} questions a step do not split evenly over {world_size} process(es); "
+            f"give a multiple of {world_size}",
+            field="questions_per_step",
+        )
+    chains = questions // world_size * num_generations
+    if chains % per_device:
+        raise InputError(
+            f"{questions} questions a step over {world_size} process(es) give each {chains} chains "
+            f"({questions // world_size} x num_generations {num_generations}), not a multiple of "
+            f"per_device_train_batch_size {per_device}",
+            field="questions_per_step",
+        )
+    return chains // per_device
+
+
+def with_questions_per_step(argv: list[str], world_size: int) -> list[str]:
+    """`argv` and the steps_per_generation (one generation per optimizer step: the gradient accumulation
+    too) that its `questions_per_step` gives on `world_size` processes, before trl sizes its batches."""
+    values = read_config(CONFIGS, argv)
+    if values["questions_per_step"] is None:
+        return argv
+    steps = micro_steps(
+        values["questions_per_step"],
+        values["num_generations"],
+        values["per_device_train_batch_size"],
+        world_size,
+    )
+    return [*argv, "--steps_per_generation", str(steps), "--gradient_accumulation_steps", str(steps)]
+
+
 def parse_args(argv: list[str] | None = None) -> tuple:
     """Config file plus command-line overrides (corag.config); bf16 only where the device has it."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -101,6 +146,7 @@ def parse_args(argv: list[str] | None = None) -> tuple:
         from corag.evaluation import parse_runs
         from corag.training.grpo import check_trainer_settings  # refuses a trl it was not tested with
 
+        argv = with_questions_per_step(argv, int(os.environ.get("WORLD_SIZE", "1")))  # as accelerate sets it
         data, rollout, limits, grpo, model = parse_config(CONFIGS, argv, __doc__.splitlines()[0])
         rollout.check()
         limits.check()
@@ -156,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     logger.info(
         "%d questions, %d chains each; processes: %d", len(questions), args.num_generations, args.world_size
     )
+    logger.info(
+        "%d questions a step over %d processes: %d micro-steps of %d chain(s) each",
+        args.generation_batch_size // args.num_generations, args.world_size, args.steps_per_generation, args.per_device_train_batch_size,
+    )  # fmt: skip
 
     # 3. The policy (the SFT checkpoint) and its tokenizer.
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)

@@ -1,4 +1,5 @@
-"""Training on many nodes: the effective batch whatever the GPU count, W&B without a key or network, and
+"""Training on many nodes: the effective batch and GRPO's questions a step whatever the GPU count, W&B
+without a key or network, and
 the Slurm script's command lines on 2 nodes (stub srun, scontrol and accelerate that record their argv),
 for SFT and for GRPO with each node's own retrieval service."""
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from corag.errors import InputError
+from corag.recipes import grpo
 from corag.recipes import sft as recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +43,40 @@ def test_the_recipe_derives_accumulation_from_the_world_size(monkeypatch, capsys
         recipe.apply_effective_batch(args, sft, 16)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "effective_batch_size" in err[-1] and "not a multiple" in err[-1]
+
+
+def test_grpo_micro_steps_keep_the_questions_a_step():
+    # 16 questions x 8 chains, one chain a micro-step: 1 process samples all 16, 2 processes 8 each, 8 two
+    assert [grpo.micro_steps(16, 8, 1, n) for n in (1, 2, 8)] == [128, 64, 16]
+    assert [grpo.micro_steps(2, 4, 8, 1), grpo.micro_steps(2, 4, 4, 2)] == [1, 1]  # the toy: 8 chains a step
+    for n in (1, 2, 8):  # questions a step = processes x per-device batch x micro-steps / chains a question
+        assert n * 1 * grpo.micro_steps(16, 8, 1, n) // 8 == 16
+    with pytest.raises(
+        InputError, match=r"questions_per_step.*16 questions a step do not split evenly over 3"
+    ):
+        grpo.micro_steps(16, 8, 1, 3)
+    with pytest.raises(
+        InputError, match=r"give each 4 chains .* not a multiple of per_device_train_batch_size 8"
+    ):
+        grpo.micro_steps(2, 4, 8, 2)
+
+
+def test_the_grpo_recipe_derives_micro_steps_from_the_world_size(monkeypatch, capsys):
+    config = ["--config", str(REPO / "configs/grpo/llama3.1-8b.yaml")]
+    for world, steps in ((1, "128"), (2, "64"), (8, "16"), (16, "8")):
+        argv = grpo.with_questions_per_step(config, world)
+        assert argv[2:] == ["--steps_per_generation", steps, "--gradient_accumulation_steps", steps]
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    data, _, _, args, _ = grpo.parse_args(config)
+    assert (
+        data.questions_per_step == 16 and args.steps_per_generation == args.gradient_accumulation_steps == 128
+    )
+    assert args.generation_batch_size == 16 * args.num_generations  # trl's batch: 16 questions' chains
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(SystemExit):
+        grpo.parse_args(config)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("corag train grpo: error:") and "do not split evenly over 3" in err[-1]
 
 
 def test_wandb_goes_offline_without_a_key_or_network(tmp_path):

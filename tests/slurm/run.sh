@@ -56,9 +56,10 @@ step "3b. GRPO on 2 nodes x 1 process, each node searching its own retrieval ser
 sbatch --wait --nodes=2 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
   recipes/slurm_train.sh grpo ddp configs/grpo/toy.yaml --serve-index data/index/toy \
   --model_name_or_path runs/sft/toy --output_dir runs/grpo/toy --questions data/toy/train.jsonl \
-  --corpus data/toy/corpus.jsonl --max_steps 2 --save_strategy no
+  --corpus data/toy/corpus.jsonl --max_steps 2 --save_strategy no --per_device_train_batch_size 4
 test "$(cat logs/corag-grpo-*-node*.log | grep -c "searches http://127.0.0.1:")" = 2
 test "$(cat logs/corag-grpo-*-node*.log | grep -c "processes: 2")" = 1
+grep -q "2 questions a step over 2 processes" logs/corag-grpo-*-node*.log  # the toy's 2, not 2 a process
 test -f runs/grpo/toy/model.safetensors
 
 step "4. evaluation of two question sets through the node's retrieval service"
