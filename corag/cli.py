@@ -48,6 +48,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "corag.commands.iterate:main",
         "iterated rejection sampling: rounds of sample, train and evaluate, each round's model sampling the next",
     ),
+    "submit": (
+        "corag.commands.submit:main",
+        "sbatch a launcher once some node of the partition can run it (CPUs, memory, GPUs a node)",
+    ),
     "evaluate": ("corag.commands.evaluate:main", "evaluate predictions or a checkpoint (also evaluation/)"),
     "results": ("corag.commands.results:main", "one table over evaluations of several datasets"),
     "kilt-score": ("corag.commands.kilt_score:main", "validate and score a KILT submission file"),

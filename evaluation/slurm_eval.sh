@@ -16,12 +16,12 @@
 # go to OUT_ROOT/<file name without .jsonl>, and one table over all of them to OUT_ROOT/results.md
 # (`corag results OUT_ROOT`); logs to logs/ (CORAG_LOG_DIR). Devices: CUDA_VISIBLE_DEVICES
 # as Slurm set it, else every GPU nvidia-smi lists; none runs the files one after another on the CPU.
-# --mem: host memory of the node's engines (each loads its weights through host memory).
+# CPUs and host memory are the cluster's defaults unless given (nodes differ): pass them to sbatch, e.g.
+# --cpus-per-task=32 --mem=256G for 8 engines (each loads its weights through host memory). `corag submit
+# evaluation/slurm_eval.sh [sbatch flags] -- ARGS` checks them against the partition's nodes first.
 #SBATCH --job-name=corag-eval
 #SBATCH --nodes=1
 #SBATCH --gpus-per-node=8
-#SBATCH --cpus-per-task=32
-#SBATCH --mem=256G
 #SBATCH --time=12:00:00
 #SBATCH --requeue
 #SBATCH --output=corag-eval-%j.out

@@ -23,14 +23,14 @@
 #
 # Logs: Slurm's own in the submission folder; one per node in logs/ (CORAG_LOG_DIR), appended on requeue.
 # MAIN_PORT (default 29500 + job id mod 1000) is the rendezvous port on the first node.
-# --mem: host memory per node (8 processes loading an 8B model, the dataloaders, the checkpoint writes);
-# set it to what your nodes have (--mem=0 takes all of a node's memory).
+# CPUs and host memory per node are the cluster's defaults unless given (nodes differ): pass them to
+# sbatch, e.g. --cpus-per-task=64 --mem=512G on nodes of 8 GPUs (8 processes loading an 8B model, the
+# dataloaders, the checkpoint writes; --mem=0 takes all of a node's memory). `corag submit
+# recipes/slurm_train.sh [sbatch flags] -- ARGS` checks them against the partition's nodes first.
 #SBATCH --job-name=corag-train
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
-#SBATCH --cpus-per-task=64
-#SBATCH --mem=512G
 #SBATCH --time=48:00:00
 #SBATCH --requeue
 #SBATCH --open-mode=append

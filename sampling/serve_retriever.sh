@@ -6,16 +6,17 @@
 # `sampling/slurm_array.sh ... --retriever-url-file URL_FILE`, `evaluation/slurm_eval.sh ...
 # --retriever-url-file URL_FILE` (reading it at submission, `$(cat URL_FILE)`, races the queue).
 #
-#   sbatch --gpus=1 --cpus-per-task=16 sampling/serve_retriever.sh INDEX URL_FILE [serve-retriever flags]
+#   sbatch --gpus=1 --cpus-per-task=16 --mem=160G sampling/serve_retriever.sh INDEX URL_FILE [flags]
 #   bash sampling/serve_retriever.sh data/index/e5-large-v2 runs/retriever.url --workers 4   # without Slurm
 #
 # It binds to every interface (other nodes must reach it; the service has no authentication, so run it
 # inside the cluster's network only). PORT (default 8000) picks the port; the URL file is removed when
 # the service stops. A requeued service writes it again (clients retry for 10 minutes meanwhile).
-# --mem: the index is read through host memory (an fp16 E5 index of the KILT corpus is ~68 GiB).
+# Host memory is the cluster's default unless given: the index is read through it (an fp16 E5 index of
+# the KILT corpus is ~68 GiB, hence --mem=160G above). `corag submit sampling/serve_retriever.sh [sbatch
+# flags] -- ARGS` checks the flags against the partition's nodes first.
 #SBATCH --job-name=corag-retriever
 #SBATCH --nodes=1
-#SBATCH --mem=160G
 #SBATCH --time=24:00:00
 #SBATCH --requeue
 #SBATCH --output=corag-retriever-%j.out

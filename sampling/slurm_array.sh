@@ -22,13 +22,13 @@
 # submission folder (Slurm opens it before the script runs). Resubmitting the same array resumes every
 # shard where it stopped; then merge:
 #   corag merge --questions <questions> --out chains.jsonl <out_dir>/chains-*.jsonl
-# --mem: host memory of one node's engines (each vLLM engine loads its weights through host memory);
-# set it to what your nodes have (--mem=0 takes all of a node's memory).
+# CPUs and host memory are the cluster's defaults unless given (nodes differ): pass them to sbatch, e.g.
+# --cpus-per-task=32 --mem=256G for 8 vLLM engines (each loads its weights through host memory; --mem=0
+# takes all of a node's memory). `corag submit sampling/slurm_array.sh [sbatch flags] -- ARGS` checks
+# them against the partition's nodes first.
 #SBATCH --job-name=corag-sample
 #SBATCH --nodes=1
 #SBATCH --gpus-per-node=8
-#SBATCH --cpus-per-task=32
-#SBATCH --mem=256G
 #SBATCH --time=24:00:00
 #SBATCH --requeue
 #SBATCH --output=corag-sample-%A_%a.out

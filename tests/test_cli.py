@@ -243,7 +243,8 @@ def one_line(status: int, err: str, name: str, end: str) -> None:
     assert err.startswith(f"corag {name}") and ": error: " in err and err.endswith(f"{end}\n"), err
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS))
+# corag submit passes sbatch's flags through to sbatch (which refuses a misspelled one); tests/commands/test_submit.py
+@pytest.mark.parametrize("name", sorted(set(COMMANDS) - {"submit"}))
 def test_a_misspelled_flag_or_key_is_one_line_naming_the_closest(name, tmp_path, capsys):
     command = [name, *SUBCOMMAND.get(name, [])]
     with pytest.raises(SystemExit):

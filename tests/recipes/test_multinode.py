@@ -190,17 +190,19 @@ def test_two_nodes_one_accelerate_launch_each(slurm):
     assert (slurm[0] / "logs").is_dir()
 
 
-def test_the_sbatch_header_sets_what_a_cluster_needs():
+def test_the_sbatch_header_sets_what_a_cluster_needs_and_no_size_a_smaller_node_refuses():
     header = [
         line
         for line in (REPO / "recipes/slurm_train.sh").read_text().splitlines()
         if line.startswith("#SBATCH")
     ]
-    for option in ("--mem=", "--time=", "--requeue", "--nodes=", "--ntasks-per-node=1", "--output="):
+    for option in ("--time=", "--requeue", "--nodes=", "--ntasks-per-node=1", "--output="):
         assert any(option in line for line in header), option
-    for script in ("sampling/slurm_array.sh", "sampling/serve_retriever.sh", "evaluation/slurm_eval.sh"):
+    for script in ("recipes/slurm_train.sh", "sampling/slurm_array.sh", "sampling/serve_retriever.sh",
+                   "evaluation/slurm_eval.sh"):  # fmt: skip
         text = (REPO / script).read_text()
-        assert "#SBATCH --mem=" in text, script
+        assert "#SBATCH --mem" not in text and "#SBATCH --cpus-per-task" not in text, script
+        assert "--mem=" in text and f"corag submit {script}" in text.replace("\n# ", " "), script  # said how
 
 
 def test_bad_submissions_say_what_is_wrong(slurm):
