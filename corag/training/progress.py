@@ -21,7 +21,7 @@ from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
 from corag.chain import CorpusLike
-from corag.evaluation import answer_row, methods, parse_runs, rule_of
+from corag.evaluation import answer_row, as_record, methods, parse_runs, rule_of
 from corag.executor import Executor
 from corag.retrieval.base import Retriever
 from corag.training.rollout import Chain
@@ -48,8 +48,10 @@ class HeldOut:
         )
         rows = []
         for question, result in zip(questions, results, strict=True):
-            row = answer_row(result.prediction, question, rule_of(question))
-            rows.append({"em": 100 * row["em"], "f1": 100 * row["f1"], "tokens": float(result.usage.total)})
+            record = as_record(result)  # a chain's result, or a method's record
+            row = answer_row(record["predictions"], question, rule_of(question))
+            tokens = float(record["usage"]["total_tokens"])
+            rows.append({"em": 100 * row["em"], "f1": 100 * row["f1"], "tokens": tokens})
         return rows
 
 
