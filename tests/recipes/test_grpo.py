@@ -92,6 +92,8 @@ def test_the_readme_commands_parse():
 def test_the_shipped_configs_are_settings_the_trainer_takes(config):
     data, rollout, _, grpo, model = recipe.parse_args(["--config", str(REPO / "configs/grpo" / config)])
     assert (grpo.per_device_train_batch_size * grpo.steps_per_generation) % grpo.num_generations == 0
+    questions = grpo.generation_batch_size // grpo.num_generations  # a step's questions, on this one process
+    assert questions == data.questions_per_step == (2 if config.startswith("smollm2") else 16)
     assert model.model_name_or_path.startswith("runs/sft/")  # after the SFT run
     if config.startswith("smollm2"):
         assert model.use_peft and not grpo.use_vllm and not data.retriever.startswith("http")
