@@ -24,7 +24,9 @@ class QuestionsArgs:
     _argument_group_name = "questions"
 
     data: str = field(
-        metadata={"help": "questions (HotpotQA, 2Wiki, MuSiQue, Bamboogle, KILT, multihopqa, plain JSONL)"}
+        metadata={
+            "help": "questions (HotpotQA, 2Wiki, MuSiQue, Bamboogle, KILT, multihopqa, FlashRAG, plain JSONL)"
+        }
     )
     format: str | None = field(
         default=None, metadata={"help": "format of --data (told by its records' keys when not given)"}
