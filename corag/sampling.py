@@ -42,7 +42,7 @@ from corag.chain import (
 )
 from corag.data.jsonl import JsonlAppender, iter_jsonl, read_jsonl, write_jsonl
 from corag.errors import InputError
-from corag.executor import EXECUTORS, Context, in_order
+from corag.executor import EXECUTORS, Context, Executor, in_order
 from corag.metrics import exact_match, max_over_golds
 from corag.prompts import FINAL_NUM_DOCS, NO_INFO, final_answer_messages
 from corag.tasks import task_description
@@ -188,6 +188,32 @@ async def sample_question(
             for c in chains
         ]
     return record
+
+
+def score_chains(
+    records: Sequence[dict[str, Any]],
+    examples: dict[str, Example],
+    corpus: CorpusLike,
+    lm: Any,
+    scoring_prompt: str = SCORING_PROMPTS[0],
+) -> list[float]:
+    """Each chain record's score under `lm`, as sampling scores a chain: the mean log-likelihood of its
+    question's first gold answer (`examples` by id) given the chain, under `scoring_prompt`."""
+
+    async def one(ctx: Context, record: dict[str, Any]) -> float:
+        steps = [Step(s["subquery"], s["subanswer"], tuple(s["doc_ids"])) for s in record["steps"]]
+        with_docs = scoring_prompt == "final_with_docs"
+        passages = corpus.get_many(record["context_doc_ids"]) if with_docs else []
+        return round_score(await gold_logprob(ctx, examples[record["query_id"]], steps, passages))
+
+    runner = Executor(lm)
+    scores = [0.0] * len(records)
+    coros = (one(runner.context(), r) for r in records)
+    for i, score in tqdm(
+        runner.stream(coros), total=len(records), desc="scoring", unit="chain", file=sys.stderr
+    ):
+        scores[i] = score
+    return scores
 
 
 def round_score(score: float) -> float:

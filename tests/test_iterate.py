@@ -1,5 +1,5 @@
-"""corag iterate (corag/iterate.py): rounds of sample, train and evaluate, each round's model sampling the
-next, resumable at every stage."""
+"""corag iterate (corag/iterate.py): rounds of sample, pool, train and evaluate, each round's model sampling
+the next and training on the best chain per question over all rounds, resumable at every stage."""
 
 from __future__ import annotations
 
@@ -9,18 +9,27 @@ from pathlib import Path
 
 import pytest
 
+import corag.iterate
 from corag.cli import main as cli
+from corag.data.corpus import Corpus
+from corag.data.formats import load_examples
+from corag.data.jsonl import read_jsonl, write_jsonl
 from corag.errors import InputError
+from corag.lm import load_lm
 from corag.retrieval.bm25 import build_bm25_folder
+from corag.sampling import SampledChain, SamplingConfig, chain_record, score_chains
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def flags(toy_world, toy_dir, tiny_model_dir, tmp_path_factory) -> list[str]:
-    index = tmp_path_factory.mktemp("iterate") / "index"
+    folder = tmp_path_factory.mktemp("iterate")
+    index = folder / "index"
     build_bm25_folder([toy_world.passages], index, num_docs=len(toy_world.passages))
+    (folder / "iterate.yaml").write_text("rounds: 2\n")  # not the packaged toy config's settings
     return [
+        "--config", str(folder / "iterate.yaml"),
         "--model", str(tiny_model_dir), "--questions", str(toy_dir / "train.jsonl"),
         "--corpus", str(toy_dir / "corpus.jsonl"), "--retriever", str(index),
         "--eval_data", str(toy_dir / "test.jsonl"), "--limit", "4", "--eval_limit", "3",
@@ -38,6 +47,7 @@ def test_each_round_samples_with_the_last_model_and_resumes(flags, tiny_model_di
     assert rows[0]["sampled_by"] == rows[0]["trained_from"] == str(tiny_model_dir)
     assert rows[1]["sampled_by"] == rows[1]["trained_from"] == str(out / "round1" / "model")  # init: last
     assert all(r["chains"] == 4 and "greedy:L=1 em" in r for r in rows)
+    assert rows[0]["from_earlier_rounds"] == 0 and rows[1]["learning_rate"] == "sft_config"
     assert (out / "rounds.md").read_text().count("\n") == 4
     # the second round sampled anew (another model, the next seed)
     first, second = ((out / f"round{r}" / "chains.jsonl").read_text() for r in (1, 2))
@@ -52,6 +62,72 @@ def test_each_round_samples_with_the_last_model_and_resumes(flags, tiny_model_di
     assert json.loads((out / "rounds.json").read_text())[0] == rows[0]
 
 
+def test_a_round_trains_on_the_best_chain_per_question_over_all_rounds(
+    flags, toy_dir, tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "rounds"
+    args = ["iterate", *flags, "--out_dir", str(out), "--last_learning_rate", "5e-5"]
+    assert cli(args) == 0
+    first, second = (read_jsonl(out / f"round{r}" / "chains.jsonl") for r in (1, 2))
+    differ = [i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a["steps"] != b["steps"]]
+    assert len(differ) >= 2
+    worse, better = differ[:2]
+    # round 2's sampler found a worse chain than round 1's for one question, a perfect one for another
+    second[worse]["score"], second[better]["score"] = -100.0, 0.0
+    write_jsonl(out / "round2" / "chains.jsonl", second)
+    (out / "round2" / "pool.jsonl").unlink()  # pool, train and evaluate round 2 again
+    for done in ("model", "model-examples", "eval"):  # the recipe's dataset of the old pool too
+        shutil.rmtree(out / "round2" / done)
+    calls = []
+    train = corag.iterate.run_recipe
+    monkeypatch.setattr(corag.iterate, "run_recipe", lambda *a: (calls.append(a), train(*a))[1])
+    assert cli(args) == 0
+    pool = read_jsonl(out / "round2" / "pool.jsonl")
+    assert pool[worse]["steps"] == first[worse]["steps"] and pool[worse]["round"] == 1
+    questions = {e.id: e for e in load_examples(str(toy_dir / "train.jsonl"))}
+    judge = load_lm(out / "round1" / "model")  # round 2's sampler scores round 1's chain again
+    corpus = Corpus.load(str(toy_dir / "corpus.jsonl"))
+    rescored = score_chains([first[worse]], questions, corpus, judge)[0]
+    assert pool[worse]["score"] == pytest.approx(rescored, abs=1e-4) and rescored > -100
+    assert pool[better]["steps"] == second[better]["steps"] and pool[better]["round"] == 2
+    assert pool[better]["score"] == 0.0
+    assert json.loads((out / "rounds.json").read_text())[1]["from_earlier_rounds"] >= 1
+    # round 2 trained on the pool, from round 1's checkpoint at the lower learning rate
+    [(_, _, start, _, data, extra)] = calls
+    assert start == str(out / "round1" / "model")
+    assert data["chains"] == str(out / "round2" / "pool.jsonl") and extra[-1] == "--learning_rate=5e-05"
+    # the pool is a finished stage: a rerun keeps it
+    capsys.readouterr()
+    assert cli(args) == 0
+    assert "[round 2: pool] already done" in capsys.readouterr().out
+    assert read_jsonl(out / "round2" / "pool.jsonl") == pool
+
+
+def test_round0_chains_are_candidates_too(flags, toy_world, toy_dir, tiny_model_dir, tmp_path):
+    """The chains `model` was fine-tuned on (here: the gold chains) compete in round 1's pool."""
+    questions = {e.id: e for e in load_examples(str(toy_dir / "train.jsonl"))}
+    gold = [
+        chain_record(
+            e, SampledChain(e.decomposition, 0.0, 3, None), list(e.supporting_ids), SamplingConfig(), ""
+        )
+        for e in toy_world.train[:4]
+    ]
+    write_jsonl(tmp_path / "gold.jsonl", gold)
+    out = tmp_path / "rounds"
+    args = [*flags, "--out_dir", str(out), "--rounds", "1", "--round0_chains", str(tmp_path / "gold.jsonl")]
+    assert cli(["iterate", *args]) == 0
+    own, pool = read_jsonl(out / "round1" / "chains.jsonl"), read_jsonl(out / "round1" / "pool.jsonl")
+    corpus = Corpus.load(str(toy_dir / "corpus.jsonl"))
+    rescored = score_chains(gold, questions, corpus, load_lm(tiny_model_dir))
+    assert [r["query_id"] for r in pool] == [r["query_id"] for r in own] == [r["query_id"] for r in gold]
+    for g, o, p, score in zip(gold, own, pool, rescored, strict=True):
+        assert p["score"] == pytest.approx(max(score, o["score"]), abs=1e-4)
+        if abs(score - o["score"]) > 1e-4:
+            assert (p["round"], p["steps"]) == ((0, g["steps"]) if score > o["score"] else (1, o["steps"]))
+    rows = json.loads((out / "rounds.json").read_text())
+    assert rows[0]["from_earlier_rounds"] == sum(p["round"] == 0 for p in pool)
+
+
 def test_other_settings_in_the_same_folder_are_refused(flags, tmp_path):
     out = tmp_path / "rounds"
     assert cli(["iterate", *flags, "--out_dir", str(out), "--rounds", "1"]) == 0
@@ -63,7 +139,13 @@ def test_other_settings_in_the_same_folder_are_refused(flags, tmp_path):
 
 @pytest.mark.parametrize(
     ("extra", "field"),
-    [(["--init", "first"], "init"), (["--rounds", "0"], "rounds"), (["--methods", "nope"], "methods")],
+    [
+        (["--init", "first"], "init"),
+        (["--rounds", "0"], "rounds"),
+        (["--methods", "nope"], "methods"),
+        (["--last_learning_rate", "0"], "last_learning_rate"),
+        (["--round0_chains", "nowhere.jsonl"], "round0_chains"),
+    ],
 )
 def test_bad_settings_are_one_line(flags, tmp_path, capsys, extra, field):
     try:  # argparse refuses a choice itself (SystemExit 2); corag refuses the rest (exit status 2)
