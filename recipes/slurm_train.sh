@@ -63,7 +63,8 @@ else
   echo "slurm_train.sh: no GPUs in this job (ask for --gpus-per-node, or set CORAG_PROCS_PER_NODE)" >&2
   exit 2
 fi
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# sed reads the whole list: head would close the pipe early and fail scontrol (SIGPIPE) under pipefail
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 # The address other nodes reach it at (Slurm's NodeAddr; the node name where Slurm reports none).
 head_addr=$( (scontrol show node "$head_node" 2>/dev/null || true) | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 head_addr=${head_addr:-$head_node}
