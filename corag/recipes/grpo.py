@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         "%d questions, %d chains each; processes: %d", len(questions), args.num_generations, args.world_size
     )
     logger.info(
-        "%d questions a step over %d processes: %d micro-steps of %d chain(s) each",
+        "%d questions a step over %d processes: %d micro-step(s) of %d chain(s) each",
         args.generation_batch_size // args.num_generations, args.world_size, args.steps_per_generation, args.per_device_train_batch_size,
     )  # fmt: skip
 
