@@ -160,6 +160,16 @@ def check_trainer_settings(args: Any) -> None:
     check_whole_groups(args.per_device_train_batch_size, args.steps_per_generation, args.num_generations)
 
 
+PER_TOKEN = (
+    "completion_ids",
+    "completion_mask",
+    "sampling_per_token_logps",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "importance_sampling_ratio",
+)
+
+
 def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
     """A micro-step's rows cut to their widest prompt (left-padded) and completion (right-padded)."""
     prompt = int(batch["prompt_mask"].sum(1).max())
@@ -171,16 +181,6 @@ def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
         if key in batch and batch[key].size(1) > 1:  # a sequence-level importance ratio has one column
             cut[key] = batch[key][:, :completion]
     return cut
-
-
-PER_TOKEN = (
-    "completion_ids",
-    "completion_mask",
-    "sampling_per_token_logps",
-    "old_per_token_logps",
-    "ref_per_token_logps",
-    "importance_sampling_ratio",
-)
 
 
 def importance_ratio(
@@ -236,6 +236,7 @@ class ChainGRPOTrainer(GRPOTrainer):
         self.questions = {q.id: q for q in questions}
         self.corpus, self.retriever, self.rollout_config = corpus, retriever, rollout_config
         self.limits = limits
+        self.last_groups: list[list[Chain]] = []  # the latest step's groups, for the rollout table
         super().__init__(reward_funcs=rollout_reward, train_dataset=questions_dataset(questions), **kwargs)
         missing = [name for name in INSTANCE_NAMES if not hasattr(self, name)]
         if missing:

@@ -149,7 +149,7 @@ class ProgressFiles(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
         step = state.global_step
-        if self.main and step % args.logging_steps == 0 and getattr(self.trainer, "last_groups", None):
+        if self.main and step % args.logging_steps == 0 and self.trainer.last_groups:
             records = rollout_records(self.trainer.last_groups, step)
             append_jsonl(self.out / "rollouts.jsonl", records)
             log_wandb_table(args, records)

@@ -119,8 +119,10 @@ async def rollout_chain(
     config: RolloutConfig,
     temperature: float,
     limits: GenerationLimits | None = None,
+    score_gold: bool = False,
 ) -> Chain:
-    """One chain of the policy for one question, every generation kept (`ctx.trace`)."""
+    """One chain of the policy for one question, every generation kept (`ctx.trace`); with `score_gold`,
+    also the gold answer's log-likelihood given the chain (the `loglik` reward)."""
     ctx.trace, calls = [], []
     heat = {call: temperature if call in config.sampled_calls else 0.0 for call in CALLS}
 
@@ -152,7 +154,7 @@ async def rollout_chain(
     result = await finish(ctx, question, example, "rollout", steps, extras, heat["final"], seed)
     traced("final")
     trace, ctx.trace = ctx.trace, None  # the reward's scoring below is not a generation of the chain
-    if "loglik" in {term.name for term in config.terms()}:
+    if score_gold:
         result.extras["gold_logprob"] = await gold_logprob(ctx, example, steps, ())
     return Chain(result, trace, calls)
 
@@ -187,6 +189,7 @@ def rollout(
         raise InputError(f"a group needs at least 2 chains, got {group_size}", field="num_generations")
     if temperature <= 0:
         raise InputError(f"the chains of a group are sampled, got {temperature}", field="temperature")
+    terms = config.terms()
     coros = [
         rollout_chain(
             executor.context(),
@@ -196,13 +199,13 @@ def rollout(
             config=config,
             temperature=temperature,
             limits=limits,
+            score_gold=any(term.name == "loglik" for term in terms),
         )  # fmt: skip
         for example in examples
         for g in range(group_size)
     ]
     chains = executor.run(coros)
     groups = [chains[i : i + group_size] for i in range(0, len(chains), group_size)]
-    terms = config.terms()
     for group in groups:
         for chain in group:
             chain.reward = total_reward(chain.result, terms)
