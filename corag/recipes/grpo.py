@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -64,6 +65,13 @@ class RecipeArguments:
         default=None,
         metadata={"help": "stop (and save) after the step that passes this many minutes of training"},
     )
+    time_limit_clock: str = field(
+        default="wall",
+        metadata={
+            "help": "what the time limit counts: wall (minutes on the clock) or cpu (the process's CPU "
+            "minutes over its torch threads: wall time on an idle machine, unshortened by other load)"
+        },
+    )
     eval_questions: str | None = field(
         default=None, metadata={"help": "held-out questions the policy answers during training"}
     )
@@ -85,14 +93,26 @@ class RecipeArguments:
 CONFIGS = (RecipeArguments, RolloutConfig, GenerationLimits, GRPOConfig, ModelConfig)
 
 
-class TimeLimit(TrainerCallback):
-    """Ends training after the step during which `minutes` of wall time passed; the model is saved."""
+def compute_seconds() -> float:
+    """CPU seconds of this process and its finished children over torch's thread count: the wall time the
+    work would take on an idle machine, whatever else the machine runs meanwhile."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return busy / torch.get_num_threads()
 
-    def __init__(self, minutes: float) -> None:
-        self.seconds, self.start = minutes * 60, time.monotonic()
+
+class TimeLimit(TrainerCallback):
+    """Ends training after the step during which `minutes` passed on the clock (`wall`, or `cpu`: see
+    compute_seconds); the model is saved."""
+
+    CLOCKS = {"wall": time.monotonic, "cpu": compute_seconds}
+
+    def __init__(self, minutes: float, clock: str = "wall") -> None:
+        self.now = self.CLOCKS[clock]
+        self.seconds, self.start = minutes * 60, self.now()
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 (transformers' callback signature)
-        if time.monotonic() - self.start >= self.seconds:
+        if self.now() - self.start >= self.seconds:
             logger.info("time limit reached after step %d", state.global_step)
             control.should_training_stop = True
         return control
@@ -160,6 +180,8 @@ def parse_args(argv: list[str] | None = None) -> tuple:
             fail(f"`{name}` is required", PROG)
     if model.model_name_or_path is None:
         fail("`model_name_or_path` is required (the SFT checkpoint)", PROG)
+    if data.time_limit_clock not in TimeLimit.CLOCKS:
+        fail(f"--time_limit_clock is wall or cpu, not {data.time_limit_clock!r}", PROG)
     model.attn_implementation = attention_implementation(model.attn_implementation)
     return data, rollout, limits, grpo, model
 
@@ -232,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         limits=limits,
         held_out=held_out,
         held_out_method=data.eval_method,
-        callbacks=[TimeLimit(data.time_limit_minutes)] if data.time_limit_minutes else None,
+        callbacks=[TimeLimit(data.time_limit_minutes, data.time_limit_clock)]
+        if data.time_limit_minutes
+        else None,
     )
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.log_metrics("train", result.metrics)

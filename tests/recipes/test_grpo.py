@@ -50,6 +50,7 @@ def test_the_toy_config_trains_saves_and_resumes(short_model_dir, paths, tmp_pat
         (["--reward", "bleu"], "reward"),
         (["--scale_rewards", "batch"], "scale_rewards"),
         (["--questions", "missing.jsonl"], "missing.jsonl"),
+        (["--time_limit_minutes", "1", "--time_limit_clock", "gpu"], "time_limit_clock"),
     ],
 )
 def test_bad_settings_are_one_line(short_model_dir, paths, tmp_path, capsys, extra, field):
@@ -60,9 +61,11 @@ def test_bad_settings_are_one_line(short_model_dir, paths, tmp_path, capsys, ext
     assert err[-1].startswith("corag train grpo: error:") and field in err[-1]
 
 
-def test_a_time_limit_ends_training_after_the_step_that_passes_it(short_model_dir, paths, tmp_path):
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_a_time_limit_ends_training_after_the_step_that_passes_it(short_model_dir, paths, tmp_path, clock):
     out = tmp_path / "grpo"
-    assert recipe.main(flags(short_model_dir, out, paths, "--time_limit_minutes", "0.0001")) == 0
+    limit = ["--time_limit_minutes", "0.0001", "--time_limit_clock", clock]
+    assert recipe.main(flags(short_model_dir, out, paths, *limit)) == 0
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 1  # of max_steps 2
     AutoModelForCausalLM.from_pretrained(out)
