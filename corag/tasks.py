@@ -2,7 +2,8 @@
 official rule that scores its answers.
 
 Multi-hop QA tasks keep their benchmark names (`hotpotqa`, `2wikimultihopqa`, `musique`, `bamboogle`,
-and `multihopqa` for any other multi-hop set). KILT tasks keep KILT's own names (`nq`, `triviaqa`,
+and `multihopqa` for any other multi-hop set); PopQA (Search-R1's suite) is `popqa`, scored by SQuAD's
+rule (it has no official script). KILT tasks keep KILT's own names (`nq`, `triviaqa`,
 `fever`, `aidayago2`, `wned`, `cweb`, `blink`, `trex`, `structured_zeroshot`, `eli5`, `wow`), each also
 spelled `kilt_<name>`; KILT's HotpotQA is `kilt_hotpotqa`, since `hotpotqa` names the original
 benchmark, whose answers are scored by another rule. KILT files (`hotpotqa-dev-kilt.jsonl`) name tasks
@@ -40,6 +41,8 @@ SLOT_FILLING = (
 # description exists for them: these two are the project's own, in the same style.
 DIALOGUE = "continue the conversation with an informative reply, using knowledge from Wikipedia"
 LONG_ANSWER = "answer the question with a detailed explanation that a child could understand"
+# PopQA (Search-R1's suite; not in the paper) has none either: the project's own.
+ENTITY_QA = "answer questions about entities, popular and long-tail ones"
 
 RULES = ("squad", "hotpotqa", "2wikimultihopqa", "musique", "kilt")
 
@@ -82,6 +85,7 @@ TASKS: dict[str, Task] = {
                 "toy": "squad",
             }.items()
         ),
+        Task("popqa", ENTITY_QA, "squad", official_description=False),
         _kilt("nq", "answer natural questions from Google search", "em"),
         _kilt("triviaqa", "answer trivia questions", "em"),
         _kilt("kilt_hotpotqa", MULTIHOP, "em", kilt="hotpotqa"),

@@ -642,21 +642,37 @@ def load_multihopqa(
 # FlashRAG (the question files of the Search-R1 suite) -----------------------------------------------
 
 _FLASHRAG_REQUIRED = {"id": str, "question": str, "golden_answers": list}
+# FlashRAG_datasets publishes each set as `<dataset>/<split>.jsonl` (nq/test.jsonl, popqa/test.jsonl, ...)
+_FLASHRAG_SPLITS = ("train.jsonl", "dev.jsonl", "test.jsonl")
+
+
+def _flashrag_task(path: Path, task: str | None, own: Any, where: dict[str, Any]) -> str:
+    """A FlashRAG record's task: `--task`, the record's own `task` (`corag prepare-data` writes one), the
+    file's name (`hotpotqa_dev.jsonl`), else the dataset folder of FlashRAG's layout (`nq/test.jsonl`)."""
+    if task or (isinstance(own, str) and own.strip()) or named_tasks(path):
+        return _task_name(path, task, own, where=where)
+    if path.name in _FLASHRAG_SPLITS:
+        try:
+            return get_task(path.parent.name).name
+        except InputError:
+            pass
+    return _task_name(path, None, where=where)  # asks for --task
 
 
 def load_flashrag(path: PathLike, *, task: str | None = None, **_: Any) -> list[Example]:
     """FlashRAG's question files (RUC-NLPIR/FlashRAG_datasets, read by Search-R1's data scripts): JSON
     lines of `id, question, golden_answers`, with an optional `metadata` object kept in `meta`. The
-    files carry no task: it comes from `--task` or the file's name."""
+    files carry no task: it comes from `--task`, a `task` field, the file's name or its dataset folder
+    (`nq/test.jsonl` is NQ, `popqa/test.jsonl` PopQA)."""
     path = Path(path)
-    task_name = _task_name(path, task)
     ids, examples = UniqueIds(path), []
     for row in read_rows(path):
         r, where = row.record, _where(path, row, "id")
-        check_fields(r, _FLASHRAG_REQUIRED, {"metadata": dict}, **_kw(where))
+        check_fields(r, _FLASHRAG_REQUIRED, {"metadata": dict, "task": str}, **_kw(where))
         answers = check_str_list(r["golden_answers"], "golden_answers", non_empty=True, **_kw(where))
         ids.add(r["id"], row.line)
         meta = {"metadata": r["metadata"]} if r.get("metadata") else {}
+        task_name = _flashrag_task(path, task, r.get("task"), where)
         examples.append(
             Example(id=r["id"], query=r["question"], answers=_dedup(answers), task=task_name, meta=meta)
         )

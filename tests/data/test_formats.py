@@ -211,9 +211,67 @@ def test_flashrag(shared_data, loaded, tmp_path):
     _write_lines(tmp_path / "nq_test.jsonl", [json.dumps(record)] * 2)
     with pytest.raises(InputError, match="duplicate id"):
         load_examples(tmp_path / "nq_test.jsonl")
-    _write_lines(tmp_path / "popqa_test.jsonl", [json.dumps(record)])
+    _write_lines(tmp_path / "questions.jsonl", [json.dumps(record)])
     with pytest.raises(InputError, match="pass --task"):
-        load_examples(tmp_path / "popqa_test.jsonl")
+        load_examples(tmp_path / "questions.jsonl")
+
+
+# Search-R1's suite: FlashRAG_datasets/<dataset>/<split>.jsonl, the task told by the dataset folder
+SUITE = {  # folder -> (split published, task, rule under --rules official)
+    "nq": ("test", "nq", "kilt"),
+    "triviaqa": ("test", "triviaqa", "kilt"),
+    "popqa": ("test", "popqa", "squad"),
+    "hotpotqa": ("dev", "hotpotqa", "hotpotqa"),
+    "2wikimultihopqa": ("dev", "2wikimultihopqa", "2wikimultihopqa"),
+    "musique": ("dev", "musique", "musique"),
+    "bamboogle": ("test", "bamboogle", "squad"),
+}
+
+
+def _suite_file(root, folder: str, records: list[dict]) -> Path:
+    path = root / "FlashRAG_datasets" / folder / f"{SUITE[folder][0]}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _write_lines(path, [json.dumps(r) for r in records])
+
+
+def test_search_r1_suite_loads_each_set_with_its_task_and_rule(tmp_path):
+    from corag.evaluation import rule_of
+
+    for folder, (split, task, rule) in SUITE.items():
+        record = {"id": f"{split}_0", "question": f"a {folder} question", "golden_answers": ["Ada", "A. L."]}
+        examples = load_examples(_suite_file(tmp_path, folder, [record, {**record, "id": f"{split}_1"}]))
+        assert [e.task for e in examples] == [task, task], folder
+        assert examples[0].answers == ("Ada", "A. L.") and examples[0].query == f"a {folder} question"
+        assert (rule_of(examples[0]), rule_of(examples[0], "search-r1")) == (rule, "search-r1")
+    # --task and a record's own task win over the folder; a folder that names no task asks for --task
+    nq = tmp_path / "FlashRAG_datasets" / "nq" / "test.jsonl"
+    assert load_examples(nq, task="popqa")[0].task == "popqa"
+    record = {"id": "test_0", "question": "q", "golden_answers": ["a"]}
+    for folder in ("nq/own", "wikiqa"):
+        (tmp_path / folder).mkdir(parents=True)
+    _write_lines(tmp_path / "nq" / "own" / "test.jsonl", [json.dumps({**record, "task": "bamboogle"})])
+    assert load_examples(tmp_path / "nq" / "own" / "test.jsonl")[0].task == "bamboogle"
+    _write_lines(tmp_path / "wikiqa" / "test.jsonl", [json.dumps(record)])
+    with pytest.raises(InputError, match="pass --task"):
+        load_examples(tmp_path / "wikiqa" / "test.jsonl")
+    assert load_examples(_write_lines(tmp_path / "popqa_test.jsonl", [json.dumps(record)]))[0].task == "popqa"
+
+
+def test_search_r1_suite_bad_records_name_file_line_and_field(tmp_path):
+    good = {"id": "test_0", "question": "who?", "golden_answers": ["Ada"]}
+    bad = [
+        ({"id": "test_1", "question": "who?", "golden_answers": []}, "golden_answers"),
+        ({"id": "test_1", "question": "who?", "golden_answers": ["Ada"], "metadata": "x"}, "metadata"),
+        ({"id": "test_1", "question": ["who?"], "golden_answers": ["Ada"]}, "question"),
+        ({"id": "test_1", "question": "who?", "golden_answers": ["Ada"], "task": "squadqa"}, "task"),
+    ]
+    for folder in SUITE:
+        for broken, field in bad:
+            path = _suite_file(tmp_path, folder, [good, broken])
+            with pytest.raises(InputError) as err:
+                load_examples(path)
+            assert (err.value.file, err.value.line, err.value.field) == (str(path), 2, field), folder
+            assert str(path) in str(err.value) and "line 2" in str(err.value)
 
 
 def test_kilt_provenance_only_outputs_and_test_files(tmp_path):
