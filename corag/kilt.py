@@ -261,6 +261,49 @@ def passage_pages(passages: Iterable[Any], title_ids: dict[str, str]) -> tuple[l
     return list(pages), unmapped
 
 
+# KILT's knowledge source as published (facebookresearch/KILT, README "KILT knowledge source"): one JSON
+# page a line, 5,903,530 pages, 34.76 GiB, from the 2019/08/01 Wikipedia dump; each page has
+# `wikipedia_id`, `wikipedia_title`, `text` (its paragraphs), `anchors`, `categories`, `history`.
+KNOWLEDGE_SOURCE_URL = "http://dl.fbaipublicfiles.com/KILT/kilt_knowledgesource.json"
+PAGE_KEYS = ("wikipedia_id", "wikipedia_title")
+EXPECTED_SOURCE = (
+    f"KILT's kilt_knowledgesource.json, one JSON page a line with {' and '.join(PAGE_KEYS)}, "
+    f"from {KNOWLEDGE_SOURCE_URL}"
+)
+
+
+def knowledge_source_file(source: str | Path) -> Path:
+    """`source` as KILT's knowledge source, or an InputError naming the file and what was expected: a
+    missing, empty or folder path, or a first record that is not a page (another JSONL, a corpus)."""
+    try:
+        path = input_file(source)
+    except InputError as err:
+        raise InputError(f"{err.message}; expected {EXPECTED_SOURCE}", file=str(source)) from None
+    with path.open("rb") as f:
+        line_no, line = next(((n, raw) for n, raw in enumerate(f, start=1) if raw.strip()), (1, b""))
+    try:
+        first = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        first = None
+    if not isinstance(first, dict):
+        raise InputError(
+            f"not a knowledge-source page: the first record is not a JSON object; expected {EXPECTED_SOURCE}",
+            file=str(path),
+            line=line_no,
+        )
+    missing = [key for key in PAGE_KEYS if key not in first]
+    if missing:
+        keys = ", ".join(list(first)[:6]) or "none"
+        raise InputError(
+            f"not a knowledge-source page: the first record lacks {' and '.join(missing)} (its keys: {keys}); "
+            f"expected {EXPECTED_SOURCE}",
+            file=str(path),
+            line=line_no,
+            field=missing[0],
+        )
+    return path
+
+
 def _title_and_id(line: bytes, path: Path, line_no: int) -> tuple[str, str] | None:
     """(wikipedia_title, wikipedia_id) of one knowledge-source line. The page's text follows the two
     keys in the published file, so the part before `"text"` is parsed alone when it holds both."""
@@ -290,7 +333,7 @@ def build_page_ids(knowledge_source: str | Path, out: str | Path, progress: bool
     first page (the repeats are counted). Returns {"pages", "duplicate_titles"}."""
     from tqdm import tqdm
 
-    path = input_file(knowledge_source)
+    path = knowledge_source_file(knowledge_source)
     mapping: dict[str, str] = {}
     duplicates = 0
     with (

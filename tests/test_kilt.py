@@ -583,6 +583,49 @@ def test_kilt_pages_maps_titles_to_page_ids(tmp_path, capsys):
     assert passage_pages(passages, title_ids) == (["10520", "2816539"], 1)
 
 
+EXPECTED = ("expected KILT's kilt_knowledgesource.json, one JSON page a line with wikipedia_id and "
+            "wikipedia_title, from http://dl.fbaipublicfiles.com/KILT/kilt_knowledgesource.json")  # fmt: skip
+NOT_A_PAGE = "not a knowledge-source page: the first record"
+WRONG_SOURCES = {  # file name -> (its text, or None for no file; what the one line says after the path)
+    "missing.json": (None, f": no such file; {EXPECTED}"),
+    "empty.json": ("", f": empty file: no records; {EXPECTED}"),
+    "corpus.jsonl": ('{"id": "0", "title": "Ed Wood", "contents": "Ed Wood is a film."}\n',
+                     f", line 1, field 'wikipedia_id': {NOT_A_PAGE} lacks wikipedia_id and wikipedia_title "
+                     f"(its keys: id, title, contents); {EXPECTED}"),
+    "nq-dev-kilt.jsonl": ('{"id": "q1", "input": "who?", "output": [{"answer": "x"}]}\n',
+                          f", line 1, field 'wikipedia_id': {NOT_A_PAGE} lacks wikipedia_id and "
+                          f"wikipedia_title (its keys: id, input, output); {EXPECTED}"),
+    "no-title.json": ('\n{"wikipedia_id": "1", "text": []}\n',
+                      f", line 2, field 'wikipedia_title': {NOT_A_PAGE} lacks wikipedia_title "
+                      f"(its keys: wikipedia_id, text); {EXPECTED}"),
+    "array.json": ('[\n  {"wikipedia_id": "1", "wikipedia_title": "A"}\n]\n',
+                   f", line 1: {NOT_A_PAGE} is not a JSON object; {EXPECTED}"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(WRONG_SOURCES))
+def test_kilt_pages_refuses_a_missing_or_wrong_knowledge_source_in_one_line(name, tmp_path, capsys):
+    text, said = WRONG_SOURCES[name]
+    source = tmp_path / name
+    if text is not None:
+        source.write_text(text, encoding="utf-8")
+    out = tmp_path / "pages.json"
+    assert cli_main(["kilt-pages", str(source), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"corag kilt-pages: error: {source}{said}\n"  # one line, before any progress bar
+    assert not out.exists()
+
+
+def test_a_knowledge_source_that_is_a_folder_is_refused_naming_it(tmp_path, capsys):
+    from corag.kilt import knowledge_source_file
+
+    with pytest.raises(InputError) as err:
+        knowledge_source_file(tmp_path)
+    assert str(err.value) == f"{tmp_path}: is a folder, not a file; {EXPECTED}"
+    good = knowledge_source(tmp_path / "ks.json", [("10520", "Ed Wood")])
+    assert knowledge_source_file(good) == good
+
+
 def test_bad_page_maps_and_knowledge_sources_are_one_line_errors(tmp_path, capsys):
     (tmp_path / "ks.json").write_text('{"wikipedia_id": "1", "wikipedia_title": "A", "text": []}\nnot json\n')
     assert cli_main(["kilt-pages", str(tmp_path / "ks.json"), "--out", str(tmp_path / "p.json")]) == 2
