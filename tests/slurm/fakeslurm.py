@@ -1,16 +1,27 @@
 #!/usr/bin/env python3
-"""Slurm stand-ins for one machine: `sbatch`, `srun` and `scontrol` as far as the
+"""Slurm stand-ins for one machine: `sbatch`, `srun`, `scontrol` and `scancel` as far as the
 project's scripts and tests/slurm/run.sh use them. Jobs run as local processes with the environment Slurm
 gives a job: job and array ids, the node list, the submission folder, GPUs as fake device ids. Every
 "node" of a job is this machine. State (job ids, pids, exit codes) lives in $FAKE_SLURM_DIR.
 
-    sbatch [--array=0-3] [--nodes=N] [--gpus-per-node=G | --gpus=G]
-           [--output=PATTERN] [--wait] SCRIPT [ARGS]
+    sbatch [--array=0-3] [--nodes=N] [--gpus-per-node=G | --gpus=G] [--output=PATTERN]
+           [--time=LIMIT] [--signal=[B:]SIG[@SECONDS]] [--wait] SCRIPT [ARGS]
     srun [--nodes=N] [--ntasks=N] [--output=PATTERN] [--kill-on-bad-exit=1] COMMAND ...
-    scontrol show hostnames LIST | scontrol show node NAME
+    scontrol show hostnames LIST | scontrol show node NAME | scontrol requeue JOBID
+    scancel [--signal=SIG [--batch | --full]] JOBID
 
-Options the stand-ins do not act on (--mem, --time, --requeue, --cpus-per-task, ...) are accepted as
-sbatch accepts them; #SBATCH lines in the script are read first, the command line overrides them.
+As Slurm does: `--time` ends a job at its limit (SIGTERM to every process, SIGKILL after
+FAKE_SLURM_KILL_WAIT seconds, default 5; state TIMEOUT); `--signal` sends SIG that many seconds before
+the limit (default 60), to the batch shell alone with `B:`, else to the processes of the job's steps
+(what srun started); srun forwards the signals it receives to every process of its tasks; `scontrol
+requeue` ends the running job the same way and runs its script again under the same job id, with
+SLURM_RESTART_COUNT one higher and its output appended; `scancel --signal` signals the steps, the batch
+shell alone (`--batch`) or the batch shell and every process of the job (`--full`). A job id names one
+job, `ARRAY_TASK` one array task, and an array's id every task of it. When the script ends, the
+processes it left behind are killed, as Slurm kills a job's processes.
+
+Options the stand-ins do not act on (--mem, --requeue, --cpus-per-task, ...) are accepted as sbatch
+accepts them; #SBATCH lines in the script are read first, the command line overrides them.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +37,8 @@ from pathlib import Path
 
 STATE = Path(os.environ.get("FAKE_SLURM_DIR", "/tmp/fake-slurm"))
 NODE_ADDR = "127.0.0.1"
+KILL_WAIT_S = float(os.environ.get("FAKE_SLURM_KILL_WAIT", "5"))
+FINAL_STATES = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED")
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -58,6 +72,9 @@ def split_options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
         "--kill-on-bad-exit",
         "--partition",
         "-p",
+        "--signal",
+        "--dependency",
+        "-d",
     }
     argv = list(argv)
     while argv and argv[0].startswith("-"):
@@ -72,9 +89,14 @@ def split_options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
         elif not eq:
             value = "1"
         options[
-            {"-N": "--nodes", "-a": "--array", "-o": "--output", "-J": "--job-name", "-n": "--ntasks"}.get(
-                key, key
-            )
+            {
+                "-N": "--nodes",
+                "-a": "--array",
+                "-o": "--output",
+                "-J": "--job-name",
+                "-n": "--ntasks",
+                "-t": "--time",
+            }.get(key, key)
         ] = value
     return options, argv
 
@@ -198,7 +220,16 @@ def sbatch(argv: list[str]) -> int:
             env["SLURM_ARRAY_TASK_STEP"] = str(steps.pop() if len(steps) == 1 else 1)
         default_out = "slurm-%A_%a.out" if task is not None else "slurm-%j.out"
         out = output_path(options.get("--output", default_out), env)
-        record(job_id, state="PENDING", array=first, script=str(script))
+        record(
+            job_id,
+            state="PENDING",
+            array=first,
+            task=task,
+            script=str(script),
+            time=options.get("--time"),
+            signal=options.get("--signal"),
+            options=options,
+        )
         subprocess.Popen(
             [
                 sys.executable,
@@ -225,20 +256,150 @@ def sbatch(argv: list[str]) -> int:
 
 
 def wait_job(job_id: int) -> int:
-    while job(job_id).get("state") not in ("COMPLETED", "FAILED"):
+    while job(job_id).get("state") not in FINAL_STATES:
         time.sleep(0.5)
     return int(job(job_id).get("exit_code", 1))
 
 
+def time_limit(spec: str | None) -> float | None:
+    """Seconds of an sbatch --time: MIN, MIN:SEC, H:MIN:SEC, D-H, D-H:MIN, D-H:MIN:SEC; None if unlimited."""
+    if not spec or spec in ("UNLIMITED", "INFINITE", "-1"):
+        return None
+    days, dash, rest = spec.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if dash:
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    else:
+        hours, minutes, seconds = {1: [0, *parts, 0], 2: [0, *parts], 3: parts}[len(parts)]
+    return float((((int(days or 0) * 24) + hours) * 60 + minutes) * 60 + seconds)
+
+
+def signal_spec(spec: str | None) -> tuple[int, float, bool] | None:
+    """(signal, seconds before the limit, batch shell only) of an sbatch --signal=[{R|B}:]SIG[@SECONDS]."""
+    if not spec:
+        return None
+    where, colon, rest = spec.partition(":")
+    if not colon:
+        where, rest = "", spec
+    name, _, seconds = rest.partition("@")
+    return signal_number(name), float(seconds or 60), "B" in where
+
+
+def signal_number(name: str) -> int:
+    """USR1, SIGUSR1 or 10 as a signal number."""
+    if name.isdigit():
+        return int(name)
+    try:
+        return int(signal.Signals["SIG" + name.upper().removeprefix("SIG")])
+    except KeyError:
+        fail(f"Invalid signal name {name}", 1)
+        raise
+
+
+def children_map() -> dict[int, list[int]]:
+    """Every process's children, read from /proc (as proctrack/linuxproc tracks a job's processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid`, parents first."""
+    tree, found, todo = children_map(), [], [pid]
+    while todo:
+        kids = tree.get(todo.pop(0), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def send(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        if pid != os.getpid():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def step_processes(job_id: int) -> list[int]:
+    """The processes of the job's steps: every process below each srun still running."""
+    pids: list[int] = []
+    for srun_pid in job(job_id).get("steps", []):
+        if Path(f"/proc/{srun_pid}").exists():
+            pids += descendants(srun_pid)
+    return pids
+
+
 def run_job(job_id: int, out: str, command: list[str]) -> int:
-    """The job itself: the script with its output appended to `out`; its end recorded."""
-    with open(out, "a") as log:
-        record(job_id, state="RUNNING")
-        code = subprocess.run(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        ).returncode
-    record(job_id, state="COMPLETED" if code == 0 else "FAILED", exit_code=code)
-    return code
+    """The job itself: the script with its output appended to `out`, watched for its time limit, its
+    warning signal and requests from scontrol and scancel; run again while it is requeued."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of the job stay below it
+    restarts = 0
+    while True:
+        env = dict(os.environ)
+        if restarts:
+            env["SLURM_RESTART_COUNT"] = str(restarts)
+        with open(out, "a") as log:
+            proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+            record(job_id, state="RUNNING", pid=proc.pid, steps=[], ending=None, restarts=restarts)
+            code, state = watch(job_id, proc)
+        if state != "REQUEUED":
+            code = 0 if state == "COMPLETED" else (code if code > 0 else 1)
+            record(job_id, state=state, exit_code=code)
+            return code
+        restarts += 1
+
+
+def watch(job_id: int, proc: subprocess.Popen) -> tuple[int, str]:
+    """Wait for the batch script; its status and the job's end state (COMPLETED, FAILED, TIMEOUT,
+    CANCELLED or REQUEUED). Every process of the job (the script's and the orphans it left) ends with it."""
+    meta = job(job_id)
+    limit, warning = time_limit(meta.get("time")), signal_spec(meta.get("signal"))
+    start, warned, ending, kill_at = time.monotonic(), False, None, None
+    while proc.poll() is None:
+        reap(proc.pid)
+        elapsed = time.monotonic() - start
+        if warning and limit is not None and not warned and elapsed >= limit - warning[1]:
+            warned = True
+            send([proc.pid] if warning[2] else step_processes(job_id), warning[0])
+        if ending is None and limit is not None and elapsed >= limit:
+            ending = "TIMEOUT"
+        ending = ending or job(job_id).get("ending")
+        if ending and kill_at is None:
+            send(descendants(os.getpid()), signal.SIGTERM)
+            kill_at = elapsed + KILL_WAIT_S
+        if kill_at is not None and elapsed >= kill_at:
+            send(descendants(os.getpid()), signal.SIGKILL)
+        time.sleep(0.2)
+    leftovers = descendants(os.getpid())
+    send(leftovers, signal.SIGKILL)
+    for pid in leftovers:
+        reap(pid, block=True)
+    ending = ending or job(job_id).get("ending")
+    return proc.returncode, ending or ("COMPLETED" if proc.returncode == 0 else "FAILED")
+
+
+def reap(keep: int, block: bool = False) -> None:
+    """Collect the orphans that ended below this process (not `keep`, which Popen waits for)."""
+    for pid in [keep] if block else children_map().get(os.getpid(), []):
+        if pid != keep or block:
+            try:
+                os.waitpid(pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                pass
 
 
 # Slurm starts a step's tasks in no set order; the stand-in starts the last task first and the first one
@@ -255,7 +416,16 @@ def srun(argv: list[str]) -> int:
     nodes = int(options.get("--nodes", os.environ.get("SLURM_NNODES", "1")))
     tasks = int(options.get("--ntasks", str(nodes)))
     names = hostnames(os.environ.get("SLURM_JOB_NODELIST", "node1"))
-    children = []
+    if "SLURM_JOB_ID" in os.environ:
+        job_id = int(os.environ["SLURM_JOB_ID"])
+        record(job_id, steps=[*job(job_id).get("steps", []), os.getpid()])
+    children: list[subprocess.Popen] = []
+
+    def forward(sig: int, _frame: object) -> None:  # srun passes a signal on to every process of its tasks
+        send([pid for child in children for pid in (child.pid, *descendants(child.pid))], sig)
+
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
     for rank in reversed(range(tasks)):
         if children:
             time.sleep(SRUN_STAGGER_S)
@@ -288,6 +458,28 @@ def srun(argv: list[str]) -> int:
     return next((c for c in codes.values() if c), 0)
 
 
+def jobs_named(name: str) -> list[int]:
+    """The job ids a job id names: JOB, ARRAY_TASK, or an array's id (every task of it)."""
+    array, underscore, task = name.partition("_")
+    if not array.isdigit() or (underscore and not task.isdigit()):
+        fail(f"Invalid job id specified: {name}", 1)
+    records = sorted(STATE.glob("job-*.json")) if STATE.exists() else []
+    found = []
+    for path in records:
+        meta = json.loads(path.read_text())
+        job_id = int(path.stem.removeprefix("job-"))
+        if underscore and meta.get("array") == int(array) and meta.get("task") == int(task):
+            found.append(job_id)
+        elif not underscore and (
+            job_id == int(array) or (meta.get("task") is not None and meta.get("array") == int(array))
+        ):
+            found.append(job_id)
+    running = [j for j in found if job(j).get("state") == "RUNNING"]
+    if not running:
+        fail(f"Invalid job id specified or job not running: {name}", 1)
+    return running
+
+
 def scontrol(argv: list[str]) -> int:
     if argv[:2] == ["show", "hostnames"]:
         print("\n".join(hostnames(argv[2] if len(argv) > 2 else os.environ["SLURM_JOB_NODELIST"])))
@@ -297,15 +489,42 @@ def scontrol(argv: list[str]) -> int:
             f"NodeName={argv[2]} Arch=x86_64 CoresPerSocket=1\n   NodeAddr={NODE_ADDR} NodeHostName={argv[2]}"
         )
         return 0
+    if argv[:1] == ["requeue"] and len(argv) == 2:
+        for job_id in jobs_named(argv[1]):
+            if "--requeue" not in job(job_id).get("options", {}) and "--no-requeue" in job(job_id).get(
+                "options", {}
+            ):
+                fail(f"Requested operation is disabled: job {job_id} was submitted with --no-requeue", 1)
+            record(job_id, ending="REQUEUED")
+        return 0
     fail(f"not simulated: scontrol {' '.join(argv)}", 1)
     return 1
+
+
+def scancel(argv: list[str]) -> int:
+    """scancel JOB (the job ends, CANCELLED), or with --signal: SIG to its steps' processes, to the batch
+    shell alone (--batch), or to the batch shell and every process of the job (--full)."""
+    options, names = split_options(argv)
+    if not names:
+        fail("No job identification provided", 1)
+    for name in names:
+        for job_id in jobs_named(name):
+            if "--signal" not in options:
+                record(job_id, ending="CANCELLED")
+                continue
+            sig, batch = signal_number(options["--signal"]), int(job(job_id)["pid"])
+            if "--full" in options:
+                send([batch, *descendants(batch)], sig)
+            else:
+                send([batch] if "--batch" in options else step_processes(job_id), sig)
+    return 0
 
 
 if __name__ == "__main__":
     name, args = Path(sys.argv[0]).name, sys.argv[1:]
     if name == "fakeslurm.py" and args and args[0] == "_run":
         sys.exit(run_job(int(args[1]), args[2], args[3:]))
-    commands = {"sbatch": sbatch, "srun": srun, "scontrol": scontrol}
+    commands = {"sbatch": sbatch, "srun": srun, "scontrol": scontrol, "scancel": scancel}
     if name not in commands:
         fail(f"run as one of {', '.join(commands)} (a link named so)", 2)
     sys.exit(commands[name](args))
