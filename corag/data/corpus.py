@@ -254,9 +254,22 @@ def _source_rows(source: _Source) -> int | None:
     return None
 
 
+def _split_contents(r: dict[str, Any], path: Path, line_no: int) -> None:
+    """A FlashRAG / Search-R1 line (`{"id", "contents": "\"Title\"\ntext"}`, as wiki-18 is published)
+    as title and text: the first line of `contents` is the title, kept as written (quotes included, as
+    Search-R1 shows it), the rest the text; `title\ntext` is then the contents the release embedded."""
+    contents = r.get("contents")
+    if not isinstance(contents, str):
+        got = "missing" if "contents" not in r else f"not a string ({type(contents).__name__})"
+        raise InputError(f"field {got}", file=str(path), line=line_no, record=r.get("id"), field="contents")
+    r["title"], _, r["contents"] = contents.partition("\n")
+
+
 def _jsonl_batches(path: Path) -> Iterator[tuple[dict[str, list[str]], int]]:
-    """(columns, bytes read) per batch of a corpus JSONL; every line checked, errors name the line."""
+    """(columns, bytes read) per batch of a corpus JSONL; every line checked, errors name the line. A
+    file whose first line has no `title` is in FlashRAG's layout (wiki-18): `_split_contents`."""
     has_id: bool | None = None
+    has_title: bool | None = None
     cols: dict[str, list[str]] = {"id": [], "title": [], "contents": []}
     read = [0]  # bytes read since the last batch
 
@@ -271,6 +284,17 @@ def _jsonl_batches(path: Path) -> Iterator[tuple[dict[str, list[str]], int]]:
         if ("id" in r) != has_id:
             why = "missing (other lines have ids)" if has_id else "present (the first line has none)"
             raise InputError(f"id {why}", file=str(path), line=line_no, field="id")
+        if has_title is None:
+            has_title = "title" in r
+        if ("title" in r) != has_title:
+            why = (
+                "missing (other lines have titles)"
+                if has_title
+                else "present (the first line has none: its title is the first line of contents)"
+            )
+            raise InputError(f"title {why}", file=str(path), line=line_no, record=r.get("id"), field="title")
+        if not has_title:
+            _split_contents(r, path, line_no)
         names = ("id", "title", "contents") if has_id else ("title", "contents")
         for name in names:
             value = r.get(name)

@@ -266,6 +266,54 @@ def test_a_process_waits_while_another_holds_the_store_lock(tmp_path):
     assert proc.returncode == 0 and out.split(maxsplit=1)[1].strip() == PASSAGES[1].contents
 
 
+# wiki-18 as Search-R1 and FlashRAG publish it: {"id", "contents": "\"Title\"\ntext"}, no title field
+WIKI18 = [
+    {"id": "0", "contents": '"Kuto"\nKuto is a country whose capital is Rira.'},
+    {"id": "1", "contents": '"Rira"\nRira is a city in Kuto.\nIt lies on a river.'},
+    {"id": "2", "contents": "\nA passage without a title."},
+]
+
+
+def test_wiki18_layout_reads_its_first_line_as_the_title(tmp_path):
+    from corag.prompts import search_r1_information
+    from corag.retrieval.dense import passage_text
+
+    write_jsonl(tmp_path / "wiki-18.jsonl", WIKI18)
+    corpus = Corpus.load(tmp_path / "wiki-18.jsonl")
+    assert list(corpus.ids) == ["0", "1", "2"]
+    assert corpus.get("1") == Passage("1", '"Rira"', "Rira is a city in Kuto.\nIt lies on a river.")
+    assert corpus.get("2") == Passage("2", "", "A passage without a title.")
+    # embedded as the release embedded `contents`; shown as Search-R1 shows it (title line verbatim)
+    assert [passage_text(p) for p in corpus.get_many(["0", "1"])] == [r["contents"] for r in WIKI18[:2]]
+    assert search_r1_information(corpus.get_many(["0"])).startswith(
+        '\n\n<information>Doc 1(Title: "Kuto") Kuto is a country'
+    )
+
+
+def test_corag_index_reads_the_wiki18_layout_as_it_is(tmp_path, capsys):
+    from corag.cli import main
+    from corag.retrieval import load_retriever
+
+    write_jsonl(tmp_path / "wiki-18.jsonl", WIKI18)
+    args = ["index", str(tmp_path / "wiki-18.jsonl"), "--out", str(tmp_path / "bm25"), "--kind", "bm25"]
+    assert main(args) == 0
+    hits = load_retriever(tmp_path / "bm25").search(["Which city lies on a river?"], k=1)[0]
+    assert [h.doc_id for h in hits] == ["1"]
+
+
+def test_wiki18_layout_and_titled_lines_do_not_mix(tmp_path):
+    for lines, line, message in [
+        ([WIKI18[0], {"id": "1", "title": "Rira", "contents": "x"}], 2, "title present"),
+        ([{"id": "0", "title": "Rira", "contents": "x"}, WIKI18[1]], 2, "title missing"),
+        ([WIKI18[0], {"id": "1", "contents": 3}], 2, "contents"),
+    ]:
+        write_jsonl(tmp_path / "bad.jsonl", lines)
+        with pytest.raises(InputError, match=message) as err:
+            Corpus.load(tmp_path / "bad.jsonl")
+        assert err.value.line == line and err.value.record == "1"
+        assert str(tmp_path / "bad.jsonl") in str(err.value)
+
+
 def test_prepare_command_writes_a_store(tmp_path, capsys):
     from corag.cli import main
 
