@@ -38,3 +38,15 @@ def test_each_kilt_stage_reads_what_the_one_before_writes() -> None:
     evaluation = kilt("eval/corag-llama3.1-8b-kilt.yaml")
     assert evaluation["model"] == sft["output_dir"]
     assert evaluation["data"].startswith("data/kilt/") and evaluation["rules"] == "official"
+
+
+def test_the_cluster_page_fetches_the_knowledge_source_and_runs_every_kilt_config() -> None:
+    from corag.kilt import KNOWLEDGE_SOURCE_URL
+
+    page = (CONFIGS.parents[1] / "docs" / "cluster.md").read_text()
+    page_ids = kilt("eval/corag-llama3.1-8b-kilt.yaml")["page_ids"]
+    assert f"wget -P downloads {KNOWLEDGE_SOURCE_URL}\n" in page
+    assert f"corag kilt-pages downloads/kilt_knowledgesource.json --out {page_ids} " in page
+    for name in ("sampling/llama3.1-8b-kilt", "examples/llama3.1-8b-kilt", "sft/llama3.1-8b-kilt-full",
+                 "eval/corag-llama3.1-8b-kilt"):  # fmt: skip
+        assert f"configs/{name}.yaml" in page, name
