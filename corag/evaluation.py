@@ -5,9 +5,11 @@ A *run* is one method with fixed settings (`greedy:L=3`, `best_of_n:L=3:N=4`, `i
 `<out>/<run>/predictions.jsonl` (appended per question, so an interrupted evaluation resumes) and
 `<out>/<run>/metrics.json` (scores, answer parse failures, wall time and the run's settings; for KILT
 tasks also `kilt_submission.jsonl`; with `--official-files`, the official inference's `preds_*.jsonl`
-and `metrics_*.json`). `results.md`, `results.csv` and `scaling.png` (accuracy against mean tokens per
-question, with the Pareto frontier and, when it has four points or more, its log fit) hold every run
-in the output folder, those of earlier calls included. Answers are scored by each benchmark's official
+and `metrics_*.json`). A run split over processes answers contiguous parts of the questions, each in its
+own folder (`<out>/parts/part-IIIII-of-NNNNN/<run>/`); `merge_parts` joins them, in question order, into
+the records one process would have written. `results.md`, `results.csv` and `scaling.png` (accuracy
+against mean tokens per question, with the Pareto frontier and, when it has four points or more, its
+log fit) hold every run in the output folder, those of earlier calls included. Answers are scored by each benchmark's official
 rule (`--rules official`), the CoRAG release's (`--rules corag`, the paper's numbers) or Search-R1's
 (`--rules search-r1`, its EM).
 """
@@ -185,11 +187,15 @@ def run_method(
     executor: str = "stepped",
 ) -> list[dict[str, Any]]:
     """Predict every question not yet in `out_path`, appending records as questions finish (a re-run
-    resumes); `executor` is a name in corag.executor.EXECUTORS. Returns every question's record."""
+    resumes); `executor` is a name in corag.executor.EXECUTORS. Once every question is answered the
+    file is rewritten in question order, so that it does not depend on which question finished first
+    (and the parts of a split run join into the same bytes). Returns every question's record."""
     strategy = methods()[run.method]
     kwargs = {**(extra_kwargs or {}), **run.kwargs}
     done = done_ids(out_path)
     todo = [e for e in examples if e.id not in done]
+    if not todo:
+        return read_predictions(out_path, examples, require_all=True)
     with JsonlAppender(out_path) as out:
         runner = EXECUTORS[executor](lm, retriever, max_active=max_active)
         coros = (strategy(runner.context(budget), e, corpus=corpus, **kwargs) for e in todo)
@@ -198,7 +204,73 @@ def run_method(
             out.append({**as_record(result), "run": run.name})
             bar.update(1)
         bar.close()
-    return read_predictions(out_path, examples, require_all=True)
+    records = read_predictions(out_path, examples, require_all=True)
+    write_jsonl(out_path, records)  # type: ignore[arg-type]  # every record is there (require_all)
+    return records
+
+
+# Parts of a run ---------------------------------------------------------------------------------------
+
+PARTS = "parts"  # <out>/parts/part-IIIII-of-NNNNN/<run>/: one part's predictions and metrics
+
+
+def part_questions(examples: Sequence[Example], shard: int, num_shards: int) -> list[Example]:
+    """Part `shard` of `num_shards`: a contiguous run of the questions, the parts' sizes within one."""
+    n = len(examples)
+    return list(examples[shard * n // num_shards : (shard + 1) * n // num_shards])
+
+
+def part_folder(out_dir: Path, shard: int, num_shards: int) -> Path:
+    """Where part `shard` of `num_shards` writes its runs' folders (never the final files)."""
+    return out_dir / PARTS / f"part-{shard:05d}-of-{num_shards:05d}"
+
+
+def unanswered(path: Path, examples: Sequence[Example]) -> list[str]:
+    """Ids of `examples` without a prediction in `path`, reading it only (a last line cut short by a
+    crash, or a file not there, answers nothing)."""
+    answered: set[str] = set()
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
+            if not line.endswith("\n"):
+                break
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # damage: read_predictions names it when the file is read for real
+            if isinstance(record, dict) and "query_id" in record:
+                answered.add(str(record["query_id"]))
+    return [e.id for e in examples if e.id not in answered]
+
+
+def part_finished(folder: Path, examples: Sequence[Example]) -> bool:
+    """Whether a part's run folder holds every prediction of its questions and its metrics."""
+    return (folder / "metrics.json").is_file() and not unanswered(folder / "predictions.jsonl", examples)
+
+
+def merge_parts(folders: Sequence[Path], examples: Sequence[Example]) -> tuple[list[dict[str, Any]], float]:
+    """A run answered in `len(folders)` parts (folder i answers `part_questions(examples, i, n)`): every
+    record in question order, and the longest part's wall time. A part not run or not finished is an
+    InputError naming its file and what it lacks."""
+    n, records, seconds = len(folders), [], 0.0
+    for i, folder in enumerate(folders):
+        wanted = part_questions(examples, i, n)
+        if not wanted:
+            continue
+        path, rerun = folder / "predictions.jsonl", f"run part {i} of {n} (--shard {i} --num-shards {n})"
+        missing = unanswered(path, wanted)
+        if missing:
+            state = "was not run" if not path.exists() else "is unfinished"
+            raise InputError(
+                f"part {i} of {n} {state}: {len(missing)} of its {len(wanted)} question(s) unanswered "
+                f"(first {missing[0]!r}); {rerun}, then merge",
+                file=str(path),
+            )
+        if not (folder / "metrics.json").is_file():
+            raise InputError(f"part {i} of {n} has no metrics.json; {rerun}, then merge", file=str(folder))
+        records += read_predictions(path, wanted, require_all=True)
+        metrics = _read_json(folder / "metrics.json")
+        seconds = max(seconds, float(metrics.get("wall_seconds", 0.0)))
+    return records, seconds  # type: ignore[return-value]  # every record is there (require_all)
 
 
 # Scoring --------------------------------------------------------------------------------------------
@@ -423,6 +495,17 @@ def write_results(results: dict[str, dict[str, Any]], out_dir: Path, metric: str
         ylabel=metric.upper(),
     )
     return {"table": md, "csv": csv_path, "plot": png}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; anything else is a one-line InputError."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON ({exc.msg})", file=str(path), line=exc.lineno) from None
+    if not isinstance(value, dict):
+        raise InputError("expected a JSON object", file=str(path))
+    return value
 
 
 def folder_results(out_dir: Path) -> dict[str, dict[str, Any]]:

@@ -773,3 +773,79 @@ def test_a_name_that_only_suggests_the_task_is_refused_and_metrics_name_task_and
     metrics = metrics_of(tmp_path / "o")
     assert (metrics["task"], metrics["rule"]) == ("kilt_hotpotqa", "kilt")
     assert metrics["f1"] == pytest.approx(100 * 7 / 12)
+
+
+def test_a_run_split_into_parts_merges_into_the_files_of_one_process(
+    toy_world, toy_dir, short_model_dir, tmp_path, capsys
+):
+    """Three parts and a merge write what one process writes: the same predictions to the byte with the
+    stepped executor, the same metrics and table. A finished part is skipped when run again, an
+    interrupted one resumes, and the merge refuses in one line while a part is missing or unfinished."""
+    from corag.retrieval.bm25 import build_bm25_folder
+
+    build_bm25_folder([toy_world.passages], tmp_path / "bm25")
+    common = ["--model", short_model_dir, "--data", toy_dir / "test.jsonl", "--corpus", toy_dir / "corpus.jsonl",
+              "--retriever", tmp_path / "bm25", "--limit", 7, "--methods", "greedy:L=1",
+              "no_retrieval:reader_max_new_tokens=4"]  # fmt: skip
+    runs = ["greedy_L1", "no_retrieval_reader_max_new_tokens4"]
+    one, split = tmp_path / "one", tmp_path / "split"
+    assert evaluate(capsys, *common, "--out-dir", one)[0] == 0
+    parts = [*common, "--out-dir", split, "--num-shards", 3]
+    for shard in (0, 2):
+        assert evaluate(capsys, *parts, "--shard", shard)[0] == 0
+    part1 = split / "parts" / "part-00001-of-00003"
+
+    status, err = evaluate(capsys, *parts, "--merge")
+    lines = [line for line in err.splitlines() if "part 1 of 3" in line]
+    assert status == 2 and len(lines) == 1, err
+    assert str(part1 / runs[0] / "predictions.jsonl") in lines[0] and "was not run" in lines[0]
+    assert "2 of its 2 question(s) unanswered" in lines[0]
+    assert not (split / runs[0]).exists() and not (split / "results.md").exists()  # nothing written
+
+    # Part 1 interrupted after one answer of its first run: the merge refuses, a rerun resumes it.
+    assert evaluate(capsys, *parts, "--shard", 1)[0] == 0
+    cut = part1 / runs[0] / "predictions.jsonl"
+    answered = cut.read_text().splitlines(keepends=True)
+    assert len(answered) == 2  # questions 2 and 3 of 0-6 (the parts hold 2, 2 and 3)
+    cut.write_text(answered[0] + answered[1][:20])
+    (part1 / runs[0] / "metrics.json").unlink()
+    status, err = evaluate(capsys, *parts, "--merge")
+    assert status == 2 and "part 1 of 3 is unfinished: 1 of its 2 question(s) unanswered" in err, err
+    assert evaluate(capsys, *parts, "--shard", 1)[0] == 0
+    assert cut.read_text().splitlines(keepends=True) == answered
+
+    # A finished part is skipped: nothing loads (the model named now does not exist), nothing changes.
+    before = {p: p.read_bytes() for p in part1.rglob("*") if p.is_file()}
+    bad = [tmp_path / "no-model" if a == short_model_dir else a for a in parts]
+    status = cli_main(["evaluate", *map(str, bad), "--shard", "1"])
+    out = capsys.readouterr().out
+    assert status == 0 and "part 1 of 3 already finished" in out
+    assert {p: p.read_bytes() for p in part1.rglob("*") if p.is_file()} == before
+
+    assert evaluate(capsys, *parts, "--merge")[0] == 0
+    for run in runs:
+        merged = (split / run / "predictions.jsonl").read_bytes()
+        assert merged == (one / run / "predictions.jsonl").read_bytes()
+        assert [json.loads(line)["query_id"] for line in merged.splitlines()] == [
+            e.id for e in toy_world.test[:7]
+        ]
+        ours, theirs = metrics_of(split / run), metrics_of(one / run)
+        for metrics in (ours, theirs):
+            del metrics["wall_seconds"], metrics["finished_at"], metrics["settings"]["out_dir"]
+        assert ours == theirs
+    assert (split / "results.md").read_text() == (one / "results.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--shard", "3", "--num-shards", "3"], "field '--shard': need 0 <= --shard < --num-shards, got 3/3"),
+        (["--num-shards", "0"], "field '--num-shards': must be 1 or more, got 0"),
+        (["--merge"], "field '--merge': joins every part of a run split with --num-shards N (2 or more)"),
+        (["--merge", "--shard", "1", "--num-shards", "2"], "got --shard 1 --num-shards 2"),
+        (["--predictions", "p.jsonl", "--num-shards", "2"], "no --shard, --num-shards or --merge"),
+    ],
+)
+def test_bad_part_flags_are_refused_in_one_line(flags, message, toy_dir, tmp_path, capsys):
+    status, err = evaluate(capsys, "--data", toy_dir / "test.jsonl", "--out-dir", tmp_path / "o", *flags)
+    assert status == 2 and err.count("\n") == 1 and message in err, err
