@@ -197,3 +197,40 @@ def test_torch_shards_are_searched_in_parallel_threads():
     want_s, want_i = ExactIndex([x]).search(q, 7)
     assert (ids == want_i).all() and np.allclose(scores, want_s, atol=1e-4)
     assert len(threads) > 1 and threading.get_ident() not in threads
+
+
+def test_e5_base_index_embeds_with_its_prefixes(tmp_path, monkeypatch):
+    """`corag index --model e5-base-v2` loads intfloat/e5-base-v2 and embeds `passage: title\\ntext`; the
+    index it writes searches with `query: ` queries cut to 64 tokens. The hub is out of reach here, so a
+    spy stands in for the model: the real MiniLM, recording what it was asked to load and to embed."""
+    import sentence_transformers
+
+    import corag.commands.index as index_command
+    from corag.cli import main
+    from corag.data.corpus import write_corpus_jsonl
+    from corag.types import Passage
+
+    minilm, real = resolve_model("minilm")[0], sentence_transformers.SentenceTransformer
+    loaded, embedded = [], []
+
+    class Spy(real):
+        def __init__(self, name: str, device: str | None = None) -> None:
+            loaded.append(name)
+            super().__init__(minilm, device="cpu")
+
+        def encode(self, texts, **kwargs):
+            embedded.append((list(texts), self.max_seq_length))
+            return super().encode(texts, **kwargs)
+
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", Spy)
+    monkeypatch.setattr(index_command, "check_model_source", lambda name, field: None)
+    passages = [Passage("a", "Rira", "Rira is a city in Kuto."), Passage("b", "", "Kuto is a country.")]
+    write_corpus_jsonl(tmp_path / "corpus.jsonl", passages)
+    args = ["index", str(tmp_path / "corpus.jsonl"), "--out", str(tmp_path / "e5"), "--model", "e5-base-v2"]
+    assert main(args) == 0
+    assert loaded == ["intfloat/e5-base-v2"]
+    assert embedded == [(["passage: Rira\nRira is a city in Kuto.", "passage: Kuto is a country."], 256)]
+    embedded.clear()
+    hits = load_retriever(tmp_path / "e5").search(["where is Rira?"], 1)[0]
+    assert loaded == ["intfloat/e5-base-v2"] * 2 and embedded == [(["query: where is Rira?"], 64)]
+    assert [h.doc_id for h in hits] == ["a"]
