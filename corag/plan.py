@@ -16,6 +16,7 @@ the table says so.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -755,3 +756,329 @@ def check_visible(stage: str, values: dict[str, Any]) -> None:
     if stage == "sample":  # this process is one engine: it sees its own GPUs
         values = {**values, "tensor_parallel_size": min(count, int(values.get("tensor_parallel_size", 1)))}
     plan_stage(stage, values, Hardware(1, count, min(memories))).check()
+
+
+# Wall time -----------------------------------------------------------------------------------------
+#
+# A stage's time is the tokens it meters (prompt + generated, as corag.budget counts them) over the
+# tokens a second its GPUs process. Every figure below is an estimate; each says where it comes from.
+
+# Tokens per question of CoRAG greedy L=6 with Llama-3.1-8B on the KILT corpus: the CoRAG release's public
+# reproduction run (MuSiQue validation, the released checkpoint), the one real 8B figure at hand.
+GREEDY_L6_TOKENS = 9_855
+# The final-answer call (call C, 20 documents): 2.4k-3.1k tokens measured on HotpotQA passages
+# (configs/sft/smollm2-lora.yaml); the top of that range taken.
+FINAL_TOKENS = 3_000
+# One step's calls (sub-query, then sub-answer over 5 documents): greedy L=6 less the final answer, / 6.
+STEP_TOKENS = (GREEDY_L6_TOKENS - FINAL_TOKENS) / 6
+# A tree-search step in greedy steps, from the quickstart's tokens per question (docs/benchmarks.md, the
+# toy world): greedy L=3 2,239.7 and best-of-4 L=3 7,035.1 (9 steps more) give a step 532.8 and the final
+# answer 641.2 tokens; tree search L=3, 9,354.1 = 641.2 + 3 x 5.45 x 532.8.
+TREE_STEP_FACTOR = 5.45
+# A call without documents (a learned-stop question, the gold answer's score in sampling): the question and
+# the chain's sub-queries and sub-answers; an estimate.
+SHORT_CALL_TOKENS = 300
+# Other methods, measured on real text only with SmolLM2-135M on 30 HotpotQA questions (docs/real_model.md;
+# IRCoT without demonstrations, which would lengthen every prompt): a small model's figures.
+MEASURED_TOKENS = {"ircot": 1_955, "searchain": 1_147, "one_step": 1_446, "no_retrieval": 104}
+# Metered tokens a second per GPU for an 8B model on vLLM on one H100, chosen conservatively: prefill at
+# ~50% of the H100's 989 bf16 TFLOPS is ~30k tokens/s (2 x 8.03B FLOPs a token); published vLLM serving
+# runs of Llama-3.1-8B reach ~12k generated tokens/s on one H100. CoRAG's calls are mostly prompt but
+# short and dependent (each waits for a search), the engine runs at memory fraction 0.5 beside the
+# index, and prefix caching (a question's chains share their prompts) is not credited: a sixth of the
+# prefill bound. Scaled by 8.03B / the model's parameters and by the GPU's peak / the H100's.
+ENGINE_TOKENS_PER_S = 5_000
+ENGINE_REFERENCE_PARAMS = 8.03e9
+# Training: 6 FLOPs per parameter and token (forward 2, backward 4), 2 more with activation checkpointing;
+# LoRA's frozen weights take no weight gradient (backward 2). Model FLOPs utilisation 0.3, below the
+# 38-43% that Llama 3's pre-training reports on H100s (Llama 3 paper, Table 4): one node of ZeRO-3 or FSDP
+# gathers every layer's weights a micro-step.
+MFU = 0.3
+# Dense bf16 peak by GPU memory (datasheets): 80 GB taken as an H100 SXM (an A100 80 GB has 312).
+GPU_PEAKS = {80: ("H100", 989e12), 141: ("H200", 989e12), 40: ("A100 40 GB", 312e12)}
+H100_PEAK = 989e12
+# Questions per file when a file is not here, by its folder's dataset and its name: corag/multihopqa's
+# published sizes; KILT's dev sets as the KILT paper gives them; KILT's training questions as
+# configs/sampling/llama3.1-8b-kilt.yaml counts them (every train split joined, about 1.07M).
+KNOWN_QUESTIONS = {
+    "multihopqa": {
+        "train": 125_385,  # 2Wiki 15,000 + HotpotQA 90,447 + MuSiQue 19,938
+        "2wikimultihopqa_validation": 12_576,
+        "hotpotqa_validation": 7_405,
+        "musique_validation": 2_417,
+        "bamboogle_test": 125,
+    },
+    "kilt": {
+        "train": 1_070_000,
+        "nq_validation": 2_837,
+        "triviaqa_validation": 5_359,
+        "hotpotqa_validation": 5_600,
+        "fever_validation": 10_444,
+        "aidayago2_validation": 4_784,
+        "wned_validation": 3_396,
+        "cweb_validation": 5_599,
+        "trex_validation": 5_000,
+        "structured_zeroshot_validation": 3_724,
+        "wow_validation": 3_054,
+        "eli5_validation": 1_507,
+    },
+}
+# SFT examples: the KILT run's dataset holds about 660k (configs/sft/llama3.1-8b-kilt-full.yaml); multi-hop
+# QA's, 125,385 chains x (the final answer + each step's sub-query and sub-answer at `ratio` 0.2) with
+# chains of 3 steps on average (lengths drawn from 1..5; early stops not counted).
+KILT_EXAMPLES = 660_000
+MEAN_CHAIN_STEPS = 3
+# The job's time limit of each stage's launch script (its #SBATCH --time).
+LAUNCHERS = {
+    "sample": "sampling/slurm_array.sh",
+    "evaluate": "evaluation/slurm_eval.sh",
+    "sft": "recipes/slurm_train.sh",
+    "grpo": "recipes/slurm_train.sh",
+}
+
+
+@dataclass
+class WallTime:
+    """A stage's estimated wall time on its hardware, the arithmetic behind it, and the job's limit."""
+
+    seconds: float | None
+    nodes: int
+    lines: list[str] = field(default_factory=list)
+    limit: float | None = None
+    limit_source: str = ""
+
+    def verdict(self) -> str:
+        """One line: the estimate against the job's time limit, and what it needs when over."""
+        if self.seconds is None:
+            return f"wall time: not estimated ({self.lines[0] if self.lines else 'no figures'})"
+        took = f"{_hours(self.seconds)} on {self.nodes} node(s)"
+        if self.limit is None:
+            return f"wall time: {took} (no job time limit known: give --time)"
+        if self.seconds <= self.limit:
+            return f"wall time: {took}, within the job's limit of {_hours(self.limit)} ({self.limit_source})"
+        nodes = math.ceil(self.seconds * self.nodes / self.limit)
+        runs = math.ceil(self.seconds / self.limit)
+        return (
+            f"wall time over the job's limit: {took} against {_hours(self.limit)} ({self.limit_source}); "
+            f"one submission needs {nodes} node(s), or {runs} submissions of {self.nodes} (a rerun resumes)"
+        )
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h"
+
+
+def parse_time(text: str) -> float:
+    """Seconds in a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    m = re.fullmatch(r"\s*(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\s*", text)
+    if not m:
+        raise InputError(
+            f"expected a Slurm time such as 12:00:00 or 1-00:00:00, got {text!r}", field="--time"
+        )
+    days, a, b, c = (int(g) if g else None for g in m.groups())
+    if days is not None:  # D-HH[:MM[:SS]]
+        return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    if c is not None:
+        return a * 3600 + b * 60 + c
+    return a * 60 + (b or 0)  # MM or MM:SS
+
+
+def script_limit(stage: str, root: Path | None = None) -> tuple[float | None, str]:
+    """The `#SBATCH --time` of the stage's launch script in the checkout, with where it was read."""
+    script = LAUNCHERS.get(stage)
+    path = (root or Path(__file__).resolve().parents[1]) / script if script else None
+    if path is None or not path.is_file():
+        return None, ""
+    for line in path.read_text().splitlines():
+        if m := re.match(r"#SBATCH\s+(?:--time=|-t\s*)(\S+)", line.strip()):
+            return parse_time(m.group(1)), f"{script} #SBATCH --time={m.group(1)}"
+    return None, ""
+
+
+def gpu_peak(hw: Hardware) -> tuple[str, float] | None:
+    """(name, dense bf16 FLOP/s) of the hardware's GPUs, told by their memory; None when not known."""
+    return GPU_PEAKS.get(round(hw.gpu_memory / GB))
+
+
+def method_tokens(method: str, settings: dict[str, Any]) -> float | None:
+    """Metered tokens per question of one method with its settings (an estimate; None: no figure)."""
+    steps = int(settings.get("max_steps", 6))
+    if method == "greedy":
+        return FINAL_TOKENS + steps * STEP_TOKENS
+    if method == "best_of_n":
+        return FINAL_TOKENS + int(settings.get("n", 4)) * steps * STEP_TOKENS
+    if method == "tree_search":
+        return FINAL_TOKENS + steps * TREE_STEP_FACTOR * STEP_TOKENS
+    if method == "search-r1":  # a turn searches and reads its documents, as a CoRAG step: an assumption
+        return int(settings.get("max_turns", 4)) * STEP_TOKENS
+    return MEASURED_TOKENS.get(method)
+
+
+def count_questions(path: str) -> tuple[int | None, str]:
+    """Questions in a file: its lines when it is a JSONL file here, else the published size its folder
+    (kilt or multihopqa) and name give."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".jsonl":
+        with p.open("rb") as f:
+            return sum(1 for line in f if line.strip()), "counted"
+    dataset = "kilt" if "kilt" in str(p.parent).lower() else "multihopqa"
+    size = KNOWN_QUESTIONS[dataset].get(p.name.removesuffix(".jsonl"))
+    if size is None or (dataset == "multihopqa" and "multihopqa" not in str(p.parent).lower()):
+        return None, "not here and of no known size"
+    return size, "KILT's size" if dataset == "kilt" else "corag/multihopqa's size"
+
+
+def engine_rate(shape: ModelShape, hw: Hardware) -> float | None:
+    """Metered tokens a second of one GPU's engine for this model on this GPU."""
+    peak = gpu_peak(hw)
+    if peak is None:
+        return None
+    return ENGINE_TOKENS_PER_S * ENGINE_REFERENCE_PARAMS / shape.params * peak[1] / H100_PEAK
+
+
+def train_rate(shape: ModelShape, hw: Hardware, values: dict[str, Any]) -> float | None:
+    """Trained tokens a second of one GPU: peak x MFU / FLOPs per token."""
+    peak = gpu_peak(hw)
+    if peak is None:
+        return None
+    flops = (2 if values.get("use_peft") else 6) + (2 if values.get("activation_checkpointing") else 0)
+    return peak[1] * MFU / (flops * shape.params)
+
+
+def estimate_wall_time(
+    stage: str, values: dict[str, Any], hw: Hardware, data: list[str] | None = None
+) -> WallTime:
+    """The stage's wall time on `hw` (every node's GPUs together), without the job's limit."""
+    wall = WallTime(None, hw.nodes)
+    if not hw.gpus:
+        wall.lines = ["a CPU machine: the figures are for GPUs; measured CPU times in docs/benchmarks.md"]
+        return wall
+    if gpu_peak(hw) is None:
+        wall.lines = [f"no throughput figure for {hw.gpu_memory / GB:g} GB GPUs (known: 40, 80, 141 GB)"]
+        return wall
+    gpus = hw.nodes * hw.gpus
+    if stage == "evaluate":
+        _wall_evaluate(wall, values, hw, gpus, data)
+    elif stage == "sample":
+        _wall_sample(wall, values, hw, gpus)
+    elif stage == "sft":
+        _wall_sft(wall, values, hw, gpus)
+    elif stage == "grpo":
+        _wall_grpo(wall, values, hw, gpus)
+    else:
+        wall.lines = ["a service runs as long as the stages it serves"]
+    return wall
+
+
+def _questions(wall: WallTime, files: list[str], limit: int | None) -> int | None:
+    """The questions of `files` (each at most `limit`), a line each; None when one is not known."""
+    total = 0
+    for path in files:
+        count, source = count_questions(path)
+        if count is None:
+            wall.lines = [f"{path}: {source}"]
+            return None
+        count = min(count, limit) if limit else count
+        wall.lines.append(f"{path}: {count:,} questions ({source})")
+        total += count
+    return total
+
+
+def _wall_evaluate(
+    wall: WallTime, values: dict[str, Any], hw: Hardware, gpus: int, data: list[str] | None
+) -> None:
+    from corag.evaluation import parse_runs
+
+    files = data or [str(values.get("data") or "")]
+    questions = _questions(wall, files, values.get("limit"))
+    if questions is None:
+        return
+    per_question = 0.0
+    for run in parse_runs(values.get("methods") or []):
+        tokens = method_tokens(run.method, run.kwargs)
+        if tokens is None:
+            wall.lines = [f"no tokens-per-question figure for {run.name}"]
+            return
+        wall.lines.append(f"{run.name}: {tokens:,.0f} tokens per question")
+        per_question += tokens
+    shape = model_shape(str(values.get("model")))
+    rate = engine_rate(shape, hw) or 0.0
+    wall.seconds = questions * per_question / (rate * gpus)
+    wall.lines.insert(
+        0,
+        f"evaluation: {questions:,} questions x {per_question:,.0f} tokens = {questions * per_question / 1e9:.2f}B "
+        f"tokens over {gpus} GPUs (every file spread over every GPU of the job) at {rate:,.0f} tokens/s each",
+    )
+
+
+def _wall_sample(wall: WallTime, values: dict[str, Any], hw: Hardware, gpus: int) -> None:
+    questions = _questions(wall, [str(values.get("questions") or "")], values.get("limit"))
+    if questions is None:
+        return
+    steps = (int(values.get("min_length", 1)) + int(values.get("max_length", 5))) / 2
+    chains = int(values.get("num_chains", 16))
+    per_chain = steps * (STEP_TOKENS + SHORT_CALL_TOKENS)
+    rate = engine_rate(model_shape(str(values.get("model"))), hw) or 0.0
+    total = questions * chains * per_chain
+    wall.seconds = total / (rate * gpus)
+    wall.lines.insert(
+        0,
+        f"sampling: {questions:,} questions x {chains} chains x {per_chain:,.0f} tokens ({steps:g} steps of "
+        f"{STEP_TOKENS:,.0f} and a {SHORT_CALL_TOKENS}-token score each) = {total / 1e9:.2f}B tokens over "
+        f"{gpus} GPUs at {rate:,.0f} tokens/s each",
+    )
+
+
+def sft_examples(values: dict[str, Any]) -> tuple[float | None, str]:
+    """Examples of an SFT run and where the figure comes from."""
+    source = str(values.get("dataset") or values.get("chains") or "")
+    ratio = float(values.get("ratio", 0.2))
+    per_chain = 1 + 2 * ratio * MEAN_CHAIN_STEPS
+    if values.get("chains") and Path(str(values["chains"])).is_file():
+        chains, _ = count_questions(str(values["chains"]))
+        return (chains or 0) * per_chain, f"{chains:,} chains in {values['chains']} x {per_chain:g} examples"
+    if "kilt" in source.lower():
+        return KILT_EXAMPLES, "the KILT run's ~660k examples"
+    if "multihopqa" in source.lower():
+        chains = KNOWN_QUESTIONS["multihopqa"]["train"]
+        return chains * per_chain, f"{chains:,} multi-hop QA chains x {per_chain:g} examples"
+    return None, f"no example count for {source or 'the dataset'}"
+
+
+def _wall_sft(wall: WallTime, values: dict[str, Any], hw: Hardware, gpus: int) -> None:
+    examples, source = sft_examples(values)
+    if examples is None:
+        wall.lines = [source]
+        return
+    # a chain's tokens (its final answer and `ratio` of its steps' calls) over its examples
+    ratio = float(values.get("ratio", 0.2))
+    per_example = (FINAL_TOKENS + ratio * MEAN_CHAIN_STEPS * STEP_TOKENS) / (1 + 2 * ratio * MEAN_CHAIN_STEPS)
+    epochs = float(values.get("num_train_epochs", 1))
+    rate = train_rate(_trained_model(values), hw, values) or 0.0
+    total = examples * epochs * per_example
+    wall.seconds = total / (rate * gpus)
+    wall.lines = [
+        f"SFT: {examples:,.0f} examples ({source}) x {epochs:g} epoch(s) x {per_example:,.0f} tokens = "
+        f"{total / 1e9:.2f}B tokens over {gpus} GPUs at {rate:,.0f} tokens/s each (MFU {MFU})"
+    ]
+
+
+def _wall_grpo(wall: WallTime, values: dict[str, Any], hw: Hardware, gpus: int) -> None:
+    steps = int(values.get("max_steps", 0))
+    if steps <= 0:
+        wall.lines = ["no max_steps"]
+        return
+    questions = int(values.get("questions_per_step") or 1)
+    chains = int(values.get("num_generations", 8))
+    length = int(values.get("max_chain_length", 6))
+    stops = max(length - 1, 0) if values.get("learned_stop", True) else 0  # none after the last step
+    per_chain = FINAL_TOKENS + length * STEP_TOKENS + stops * SHORT_CALL_TOKENS
+    shape = _trained_model(values)
+    rollout, trained = engine_rate(shape, hw) or 0.0, train_rate(shape, hw, values) or 0.0
+    total = steps * questions * chains * per_chain
+    wall.seconds = total / (rollout * gpus) + total / (trained * gpus)
+    wall.lines = [
+        f"GRPO: {steps} steps x {questions} questions x {chains} chains x {per_chain:,.0f} tokens (L={length} "
+        f"steps, the final answer and the stop replies) = {total / 1e9:.2f}B tokens, sampled at "
+        f"{rollout:,.0f} and trained at {trained:,.0f} tokens/s per GPU over {gpus} GPUs"
+    ]

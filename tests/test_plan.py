@@ -17,9 +17,11 @@ from corag.plan import (
     KNOWN_MODELS,
     Hardware,
     check_visible,
+    estimate_wall_time,
     index_bytes,
     parse_hardware,
     parse_memory,
+    parse_time,
     plan_stage,
     visible_gpu_memory,
 )
@@ -196,3 +198,103 @@ def test_commands_check_the_gpus_they_see_without_starting_cuda(tmp_path, monkey
     with pytest.raises(InputError, match="does not fit"):
         check_visible("evaluate", values)
     assert "torch" not in sys.modules or not __import__("torch").cuda.is_initialized()
+
+
+# Wall time -------------------------------------------------------------------------------------------
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def _jsonl(path: Path, rows: int) -> str:
+    path.write_text("".join(f'{{"id": "{i}", "question": "q{i}", "answers": ["a"]}}\n' for i in range(rows)))
+    return str(path)
+
+
+def _rate(params: float) -> float:
+    """The engine's tokens/s per GPU for a model of `params` on an H100: 5,000 x 8.03B / params."""
+    return 5000 * 8.03e9 / params
+
+
+def test_evaluation_time_is_questions_x_tokens_per_question_over_every_gpu(tmp_path: Path) -> None:
+    data = _jsonl(tmp_path / "q.jsonl", 10)
+    values = {"model": LLAMA, "data": data, "methods": ["greedy:L=2", "best_of_n:L=2:N=3"]}
+    wall = estimate_wall_time("evaluate", values, Hardware(2, 4, 80 * GB))
+    # a step is (9,855 - 3,000) / 6 = 1,142.5 tokens; greedy L=2: 3,000 + 2 steps; best-of-3 L=2: 3,000 + 6
+    per_question = (3000 + 2 * 1142.5) + (3000 + 6 * 1142.5)
+    assert per_question == 15140
+    assert wall.seconds == pytest.approx(10 * 15140 / (8 * _rate(KNOWN_MODELS["llama318b"].params)))
+    # the files given to the plan (as evaluation/slurm_eval.sh takes them) replace the config's
+    other = _jsonl(tmp_path / "r.jsonl", 30)
+    wall = estimate_wall_time("evaluate", values, Hardware(2, 4, 80 * GB), [data, other])
+    assert wall.seconds == pytest.approx(40 * 15140 / (8 * _rate(KNOWN_MODELS["llama318b"].params)))
+    tree = estimate_wall_time("evaluate", {**values, "methods": ["tree_search:L=2"]}, Hardware(1, 1, 80 * GB))
+    assert tree.seconds == pytest.approx(
+        10 * (3000 + 2 * 5.45 * 1142.5) / _rate(KNOWN_MODELS["llama318b"].params)
+    )
+
+
+def test_sampling_sft_and_grpo_times_follow_their_formulas(tmp_path: Path) -> None:
+    params = KNOWN_MODELS["llama318b"].params
+    hw = Hardware(1, 8, 80 * GB)
+    questions = _jsonl(tmp_path / "train.jsonl", 100)
+    # sampling: questions x chains x (mean length x (a step + a 300-token score))
+    values = {"model": LLAMA, "questions": questions, "num_chains": 4, "min_length": 1, "max_length": 3}
+    wall = estimate_wall_time("sample", values, hw)
+    assert wall.seconds == pytest.approx(100 * 4 * 2 * (1142.5 + 300) / (8 * _rate(params)))
+    # SFT: 100 chains x (1 + 2 x 0.2 x 3 steps) = 220 examples of (3,000 + 0.2 x 3 x 1,142.5) / 2.2 tokens,
+    # 2 epochs; 8 FLOPs a parameter and token (activation checkpointing) at 30% of 989 TFLOPS
+    values = {"model_name_or_path": LLAMA, "chains": questions, "ratio": 0.2, "num_train_epochs": 2,
+              "activation_checkpointing": True}  # fmt: skip
+    tokens = 220 * 2 * (3000 + 0.6 * 1142.5) / 2.2
+    assert tokens == pytest.approx(737_100)
+    wall = estimate_wall_time("sft", values, hw)
+    assert wall.seconds == pytest.approx(tokens / (8 * 989e12 * 0.3 / (8 * params)))
+    lora = estimate_wall_time("sft", {**values, "use_peft": True}, hw)  # no weight gradients: 4 FLOPs
+    assert lora.seconds == pytest.approx(tokens / (8 * 989e12 * 0.3 / (4 * params)))
+    # GRPO: steps x questions x chains x (3,000 + L steps + L - 1 stop replies), sampled then trained
+    values = {"model_name_or_path": LLAMA, "max_steps": 10, "questions_per_step": 2, "num_generations": 4,
+              "max_chain_length": 3, "activation_checkpointing": True}  # fmt: skip
+    tokens = 10 * 2 * 4 * (3000 + 3 * 1142.5 + 2 * 300)
+    wall = estimate_wall_time("grpo", values, hw)
+    assert wall.seconds == pytest.approx(
+        tokens / (8 * _rate(params)) + tokens / (8 * 989e12 * 0.3 / (8 * params))
+    )
+
+
+def test_a_plan_over_the_jobs_time_limit_says_so_in_one_line(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        f"# hardware: 1 node x 8 GPUs x 80 GB\nmodel: {LLAMA}\ndata: {_jsonl(tmp_path / 'q.jsonl', 1000)}\n"
+        'methods: ["best_of_n:L=6:N=4"]\nbackend: vllm\ngpu_memory_utilization: 0.5\nretriever: http://x\n'
+    )
+    # 1,000 x 30,420 tokens over 8 GPUs at ~5,000 tokens/s: 760 s, over a 5-minute limit by 2.5 times
+    assert plan_main(["--config", str(config), "--time", "5:00"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    over = [line for line in lines if "over the job's limit" in line]
+    assert over == [
+        "wall time over the job's limit: 0.2 h on 1 node(s) against 0.1 h (--time 5:00); one submission "
+        "needs 3 node(s), or 3 submissions of 1 (a rerun resumes)"
+    ]
+    assert lines[-1].startswith("plan fits: ")
+    # without --time, the limit is the launch script's #SBATCH --time (12 h: well within)
+    assert plan_main(["--config", str(config)]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wall time")]
+    assert line.endswith(
+        "within the job's limit of 12.0 h (evaluation/slurm_eval.sh #SBATCH --time=12:00:00)"
+    )
+
+
+def test_slurm_times_and_what_is_not_estimated() -> None:
+    assert parse_time("12:00:00") == 12 * 3600
+    assert parse_time("1-00:00:00") == 86400
+    assert parse_time("2-12") == 2 * 86400 + 12 * 3600
+    assert parse_time("90") == 90 * 60
+    assert parse_time("5:30") == 5 * 60 + 30
+    with pytest.raises(InputError, match="12:00:00"):
+        parse_time("twelve hours")
+    cpu = estimate_wall_time("evaluate", {"model": LLAMA, "methods": ["greedy"]}, Hardware())
+    assert cpu.seconds is None and cpu.verdict().startswith("wall time: not estimated (a CPU machine")
+    absent = estimate_wall_time(
+        "evaluate", {"model": LLAMA, "data": "nowhere/q.jsonl"}, Hardware(1, 8, 80 * GB)
+    )
+    assert absent.seconds is None and "nowhere/q.jsonl: not here" in absent.verdict()

@@ -1,11 +1,15 @@
-"""`corag plan`: the memory plan of a stage's config on some GPUs, refused in one line if it cannot fit.
+"""`corag plan`: the memory plan of a stage's config on some GPUs, refused in one line if it cannot fit,
+and the stage's estimated wall time against its job's time limit.
 
 Per GPU it lists model weights and the vLLM engine's share, dense index shards, the SFT recipe's
 weights, gradients, Adam states and activations, and host memory per process (corag.plan). The
 hardware comes from the flags or, when they are not given, from the config's `# hardware:` line; a
 `# beside: corag serve-retriever ...` line adds the retrieval service that shares the node's GPUs.
 The config is read with the dataclasses of the stage's own command or recipe, so a key or value they
-refuse is refused here too.
+refuse is refused here too. The wall time is questions (or examples, or steps) x tokens each over the
+GPUs' throughput (corag.plan's figures, each with its source), over every GPU of every node; one line
+says when it passes the job's limit (the stage's launch script's `#SBATCH --time`, or `--time`) and how
+many nodes or submissions it needs.
 """
 
 from __future__ import annotations
@@ -16,7 +20,19 @@ from typing import Any
 
 from corag.config import load_yaml, parse_config, read_config
 from corag.errors import InputError
-from corag.plan import SHARDINGS, STAGES, Hardware, detect_stage, parse_memory, plan_stage, read_header
+from corag.plan import (
+    SHARDINGS,
+    STAGES,
+    Hardware,
+    WallTime,
+    detect_stage,
+    estimate_wall_time,
+    parse_memory,
+    parse_time,
+    plan_stage,
+    read_header,
+    script_limit,
+)
 
 # stage -> the config dataclasses its command or recipe parses ("module:attribute", imported when planned)
 STAGE_CONFIGS: dict[str, str] = {
@@ -46,6 +62,16 @@ class PlanArgs:
         "them whole (default: the header's, else zero3 for full fine-tuning and ddp for LoRA)"},
     )  # fmt: skip
     model: str | None = field(default=None, metadata={"help": "model, when the config names none"})
+    time: str | None = field(
+        default=None,
+        metadata={"help": "the job's time limit, as sbatch takes it (default: the stage's launch script's "
+        "#SBATCH --time)"},
+    )  # fmt: skip
+    data: list[str] | None = field(
+        default=None,
+        metadata={"help": "evaluation: the question files of the job (as evaluation/slurm_eval.sh takes "
+        "them; default: the config's data)"},
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,8 +98,22 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_stage(stage, values, hw, service=service, file=args.config_file)
     print(plan.table())
     plan.check()
+    wall = wall_time(stage, values, hw, args)
+    if wall.seconds is not None:
+        print("\n".join(f"- {line}" for line in wall.lines))
+    print(wall.verdict())
     print(plan.summary())
     return 0
+
+
+def wall_time(stage: str, values: dict[str, Any], hw: Hardware, args: PlanArgs) -> WallTime:
+    """The stage's wall time on `hw` against the job's limit (`--time`, else the launch script's)."""
+    wall = estimate_wall_time(stage, values, hw, args.data)
+    if args.time is not None:
+        wall.limit, wall.limit_source = parse_time(args.time), f"--time {args.time}"
+    else:
+        wall.limit, wall.limit_source = script_limit(stage)
+    return wall
 
 
 def stage_values(stage: str, config_file: str, model: str | None) -> dict[str, Any]:
