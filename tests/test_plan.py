@@ -3,7 +3,10 @@ they replaced does not, and the arithmetic behind both."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -282,6 +285,10 @@ def test_a_plan_over_the_jobs_time_limit_says_so_in_one_line(tmp_path: Path, cap
     assert line.endswith(
         "within the job's limit of 12.0 h (evaluation/slurm_eval.sh #SBATCH --time=12:00:00)"
     )
+    # the job's files as evaluation/slurm_eval.sh takes them: --data A --data B (or --data A B)
+    other = _jsonl(tmp_path / "r.jsonl", 500)
+    assert plan_main(["--config", str(config), "--data", str(tmp_path / "q.jsonl"), "--data", other]) == 0
+    assert "- evaluation: 1,500 questions x 30,420 tokens" in capsys.readouterr().out
 
 
 def test_slurm_times_and_what_is_not_estimated() -> None:
@@ -298,3 +305,64 @@ def test_slurm_times_and_what_is_not_estimated() -> None:
         "evaluate", {"model": LLAMA, "data": "nowhere/q.jsonl"}, Hardware(1, 8, 80 * GB)
     )
     assert absent.seconds is None and "nowhere/q.jsonl: not here" in absent.verdict()
+
+
+# The wall-time table of docs/cluster.md: each GPU config as shipped (its header's hardware) and as the
+# cluster path launches it. `python tests/test_plan.py` prints the table from `corag plan` itself.
+MULTIHOP = [f"data/multihopqa/{n}.jsonl" for n in ("2wikimultihopqa_validation", "hotpotqa_validation",
+            "bamboogle_test", "musique_validation")]  # fmt: skip
+TABLE1 = ["--data", *MULTIHOP]
+WALL_ROWS = [  # config, its flags as the table shows them, the flags
+    ("sampling/llama3.1-8b.yaml", "", []),
+    ("sampling/llama3.1-8b.yaml", "--nodes 2", ["--nodes", "2"]),
+    ("sampling/qwen3-8b.yaml", "", []),
+    ("sampling/llama3.1-8b-kilt.yaml", "--nodes 8", ["--nodes", "8"]),
+    ("sft/llama3.1-8b-full.yaml", "", []),
+    ("sft/llama3.1-8b-full.yaml", "--nodes 2", ["--nodes", "2"]),
+    ("sft/llama3.1-8b-kilt-full.yaml", "", []),
+    ("sft/qwen3-8b-full.yaml", "", []),
+    ("sft/qwen3-4b-lora.yaml", "", []),
+    ("grpo/llama3.1-8b.yaml", "", []),
+    ("grpo/qwen3-8b.yaml", "", []),
+    ("eval/corag-llama3.1-8b.yaml", "", []),
+    ("eval/qwen3-8b.yaml", "", []),
+    ("eval/corag-llama3.1-8b-kilt.yaml", "", []),
+    ("eval/corag-llama3.1-8b-table1.yaml", "--data (the four sets)", TABLE1),
+    ("eval/corag-llama3.1-8b-table1.yaml", "--nodes 2 --data (the four sets)", ["--nodes", "2", *TABLE1]),
+]
+
+
+def wall_row(config: str, label: str, extra: list[str]) -> str:
+    """A table row from `corag plan`'s own output: the config and flags, tokens, estimate and verdict."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        plan_main(["--config", str(CONFIGS / config), *extra])
+    lines = out.getvalue().splitlines()
+    verdict = next(line for line in lines if line.startswith("wall time"))
+    tokens = next(
+        m for line in lines if (m := re.match(r"- (?:evaluation|sampling|SFT|GRPO): .* = ([0-9.]+B)", line))
+    )
+    hours = re.match(r"wall time[^:]*: ([0-9.]+ h) on (\d+) node\(s\)", verdict)
+    assert hours, verdict
+    if "over the job's limit" in verdict:
+        against = "over: " + verdict.split("; ", 1)[1].replace(" (a rerun resumes)", "")
+    else:
+        against = "within " + re.search(r"limit of ([0-9.]+ h)", verdict).group(1)
+    name = f"`{config}` {label}".strip()
+    return f"| {name} | {hours.group(2)} | {tokens.group(1)} | {hours.group(1)} | {against} |"
+
+
+def wall_table() -> str:
+    """The docs' table: a row per WALL_ROWS entry."""
+    head = (
+        "| config (`configs/...`), `corag plan` flags | nodes | tokens | wall time | the job's time limit |"
+    )
+    return "\n".join([head, "|---|---|---|---|---|", *(wall_row(*row) for row in WALL_ROWS)])
+
+
+def test_the_wall_time_table_in_the_docs_is_corag_plans() -> None:
+    assert wall_table() in (REPO / "docs/cluster.md").read_text()
+
+
+if __name__ == "__main__":
+    print(wall_table())

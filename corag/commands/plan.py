@@ -69,8 +69,8 @@ class PlanArgs:
     )  # fmt: skip
     data: list[str] | None = field(
         default=None,
-        metadata={"help": "evaluation: the question files of the job (as evaluation/slurm_eval.sh takes "
-        "them; default: the config's data)"},
+        metadata={"action": "extend", "help": "evaluation: the question files of the job (as "
+        "evaluation/slurm_eval.sh takes them, --data A --data B or --data A B; default: the config's data)"},
     )  # fmt: skip
 
 
