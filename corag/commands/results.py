@@ -1,23 +1,131 @@
 """`corag results ROOT`: one table over several evaluations (`ROOT/<dataset>/<run>/metrics.json`).
 
 evaluation/slurm_eval.sh runs it at the end; it writes ROOT/results.md and ROOT/results.csv and prints
-the table.
+the table. `--layout search-r1` lays the same folders out as the Search-R1 suite's leaderboard
+(FlashRAG's table of reasoning methods): a row per method, model and rule, the seven sets as columns
+(NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle) and their average, EM in one table and tokens
+per question in a second; written to ROOT/search-r1.md and ROOT/search-r1.csv.
 """
 
 from __future__ import annotations
 
+import csv
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from corag.config import parse_config
 from corag.errors import InputError
-from corag.evaluation import merged_results
+from corag.evaluation import folder_results, merged_results
+from corag.scaling import format_markdown
+
+# The suite's sets in the leaderboard's order: the task each evaluation records -> its column.
+SUITE_COLUMNS = {
+    "nq": "NQ",
+    "triviaqa": "TriviaQA",
+    "popqa": "PopQA",
+    "hotpotqa": "HotpotQA",
+    "2wikimultihopqa": "2Wiki",
+    "musique": "MuSiQue",
+    "bamboogle": "Bamboogle",
+}
+AVERAGE = "Avg."
+ROW_KEYS = ("method", "model", "rule")
 
 
 @dataclass
 class ResultsArgs:
     root: str = field(metadata={"positional": True, "help": "folder of evaluation folders, one per dataset"})
+    layout: str = field(
+        default="runs",
+        metadata={
+            "choices": ["runs", "search-r1"],
+            "help": "runs: a row per dataset and run; search-r1: the Search-R1 suite's leaderboard (a row "
+            "per method, model and rule, the seven sets as columns, EM and tokens per question)",
+        },
+    )
+
+
+def model_name(model: Any) -> str:
+    """A model as a table names it: the last part of its path or hub name (two for `checkpoint-N`)."""
+    if not isinstance(model, str) or not model:
+        return ""
+    parts = Path(model.rstrip("/")).parts
+    return "/".join(parts[-2:]) if parts[-1].startswith("checkpoint") and len(parts) > 1 else parts[-1]
+
+
+def suite_cells(root: Path) -> tuple[dict[tuple[str, str, str], dict[str, dict]], list[str]]:
+    """Each evaluation under `root` by row (method, model, rule) and column (the suite's set), and the
+    runs left out (a task outside the suite, or a mixed file), as `<folder>/<run> (<task>)`. Two
+    evaluations for one cell are an InputError naming both."""
+    cells: dict[tuple[str, str, str], dict[str, dict]] = {}
+    where: dict[tuple[tuple[str, str, str], str], str] = {}
+    left_out = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        for run, summary in folder_results(folder).items():
+            settings = summary.get("settings") or {}
+            key = (str(run), model_name(settings.get("model")), str(summary.get("rule", "")))
+            column = SUITE_COLUMNS.get(str(summary.get("task")))
+            if column is None:
+                left_out.append(f"{folder.name}/{run} ({summary.get('task')})")
+                continue
+            if (key, column) in where:
+                raise InputError(
+                    f"two evaluations of {column} for run {run!r}, model {key[1]!r}, rule {key[2]!r} "
+                    f"(also {where[key, column]}): keep one",
+                    file=str(folder),
+                )
+            where[key, column] = folder.name
+            cells.setdefault(key, {})[column] = summary
+    return cells, left_out
+
+
+def suite_rows(cells: dict[tuple[str, str, str], dict[str, dict]], metric: str) -> list[dict[str, Any]]:
+    """One table's rows: `metric` of each row's evaluations by set, their mean (`Avg.`) and how many of
+    the seven sets it covers (`sets`)."""
+    rows = []
+    for key, by_set in cells.items():
+        row: dict[str, Any] = dict(zip(ROW_KEYS, key, strict=True))
+        values = [float(by_set[c][metric]) for c in SUITE_COLUMNS.values() if metric in by_set.get(c, {})]
+        row.update({c: float(s[metric]) for c, s in by_set.items() if metric in s})
+        row[AVERAGE] = sum(values) / len(values) if values else ""
+        row["sets"] = len(values)
+        rows.append(row)
+    return rows
+
+
+def _shown(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as the markdown shows it: an average over fewer than the seven sets says over how many."""
+    if row["sets"] == len(SUITE_COLUMNS) or not row["sets"]:
+        return row
+    return {**row, AVERAGE: f"{row[AVERAGE]:.1f} ({row['sets']}/{len(SUITE_COLUMNS)})"}
+
+
+def suite_table(root: Path) -> tuple[str, list[str]]:
+    """The leaderboard's layout over `root`'s evaluations (EM, then tokens per question), written to
+    `root/search-r1.md` and `.csv`; returns the markdown and the runs left out."""
+    cells, left_out = suite_cells(root)
+    if not cells:
+        raise InputError(
+            f"no evaluation of the suite's sets ({', '.join(SUITE_COLUMNS)}) under this folder",
+            file=str(root),
+        )
+    columns = [*ROW_KEYS, *SUITE_COLUMNS.values(), AVERAGE]
+    em, tokens = suite_rows(cells, "em"), suite_rows(cells, "tokens_per_question")
+    text = (
+        f"EM (%)\n\n{format_markdown([_shown(r) for r in em], columns)}\n\n"
+        f"Tokens per question\n\n{format_markdown([_shown(r) for r in tokens], columns)}\n"
+    )
+    (root / "search-r1.md").write_text(text)
+    measured = columns[len(ROW_KEYS) :]
+    with (root / "search-r1.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*ROW_KEYS, "sets", *(f"{c} {m}" for c in measured for m in ("EM", "tokens"))])
+        for a, b in zip(em, tokens, strict=True):
+            cells_ab = (r.get(c, "") for c in measured for r in (a, b))
+            writer.writerow([*(a[k] for k in ROW_KEYS), a["sets"], *cells_ab])
+    return text, left_out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,5 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.root)
     if not root.is_dir():
         raise InputError("no such folder", file=args.root)
-    print(merged_results(root).read_text())
+    if args.layout == "runs":
+        print(merged_results(root).read_text())
+        return 0
+    text, left_out = suite_table(root)
+    print(text)
+    if left_out:
+        print(f"left out, not one of the suite's sets: {len(left_out)} run(s): {', '.join(left_out)}")
+    print(f"tables in {root / 'search-r1.md'} and {root / 'search-r1.csv'}")
     return 0
