@@ -11,6 +11,10 @@ engines or load an index run the same check against the devices they see.
 Figures are bytes, shown in GB (10^9 bytes) as GPU memory is sold. Weights, KV cache, index shards and
 optimizer states are exact arithmetic; activations, CUDA contexts and the reserve are estimates, and
 the table says so.
+
+`estimate_wall_time` gives a stage's wall time on the same hardware: questions (or examples, or steps)
+x tokens each over the GPUs' throughput, each figure an estimate with its source beside it; `WallTime`
+says in one line whether it fits the job's time limit and, if not, how many nodes or submissions it needs.
 """
 
 from __future__ import annotations
@@ -941,7 +945,7 @@ def train_rate(shape: ModelShape, hw: Hardware, values: dict[str, Any]) -> float
     peak = gpu_peak(hw)
     if peak is None:
         return None
-    flops = (2 if values.get("use_peft") else 6) + (2 if values.get("activation_checkpointing") else 0)
+    flops = (4 if values.get("use_peft") else 6) + (2 if values.get("activation_checkpointing") else 0)
     return peak[1] * MFU / (flops * shape.params)
 
 
