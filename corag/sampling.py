@@ -45,6 +45,7 @@ from corag.errors import InputError
 from corag.executor import EXECUTORS, Context, Executor, in_order
 from corag.metrics import exact_match, max_over_golds
 from corag.prompts import FINAL_NUM_DOCS, NO_INFO, final_answer_messages
+from corag.slurm import StopRequest
 from corag.tasks import task_description
 from corag.types import Example, Passage, Step
 
@@ -369,8 +370,13 @@ def run_sampling(
     progress: bool = True,
     dedup: bool = True,
     executor: str = "stepped",
+    stop: StopRequest | None = None,
 ) -> dict[str, Any]:
     """Sample this shard's questions not yet in `out_path`; return the summary.
+
+    Once `stop` is set (Slurm's warning before the time limit), the run ends after the block in hand
+    (with the async executor: after the record in hand), everything finished written; the summary's
+    `stopped` says so, and a rerun samples the rest.
 
     With `dedup`, identical greedy or seeded calls are computed once (the records do not change);
     the summary's `dedup_saved_share` is the share of prompt tokens this saved.
@@ -405,11 +411,12 @@ def run_sampling(
             if any(e.id not in done for e in b)
         ]
         todo = sum(len(b) for b in blocks)
-        start, tokens, chains = time.perf_counter(), 0, 0
+        start, tokens, chains, sampled = time.perf_counter(), 0, 0, 0
         bar = tqdm(total=todo, desc="sampling", unit="q", disable=not progress, file=sys.stderr)
 
         def finished(records: list[dict[str, Any]]) -> None:
-            nonlocal tokens, chains
+            nonlocal tokens, chains, sampled
+            sampled += len(records)
             for record in records:
                 if record["query_id"] not in done:
                     out.append(record)
@@ -424,16 +431,25 @@ def run_sampling(
         def coros(questions: list[Example]) -> list[Any]:
             return [sample_question(runner.context(), e, corpus, config, digest, limits) for e in questions]
 
+        halted = False
         if executor == "async":  # every unfinished question in one stream, no barrier between blocks
             for record in in_order(runner.stream(coros([e for block in blocks for e in block]))):
                 finished([record])
+                if stop is not None and stop.received:
+                    halted = sampled < todo
+                    break
         else:
             for block in blocks:
+                if stop is not None and stop.received:
+                    halted = True
+                    break
                 finished(runner.run(coros(block)))
         bar.close()
     records = read_jsonl(out_path)
     summary = summarize(records)
-    summary.update(resumed_from=len(done), sampled_now=todo, dropped_partial_lines=out.dropped)
+    summary.update(
+        resumed_from=len(done), sampled_now=sampled, dropped_partial_lines=out.dropped, stopped=halted
+    )
     stats = runner.dedup_stats
     summary["dedup_saved_share"] = stats["saved_prompt_tokens"] / max(stats["prompt_tokens"], 1)
     return summary

@@ -6,6 +6,8 @@
 #   sampling/launch_node.sh CONFIG [--node-index I --num-nodes N] [--log-dir logs] [-- flags for corag sample]
 #
 # Shard names come from the config, not the hardware: resubmit anywhere and unfinished shards resume.
+# SIGUSR1 (Slurm's warning before a time limit) stops every running shard after the block in hand and
+# ends the launcher with status 75; running it again resumes them.
 # See `python -m corag.commands.launch --help`.
 set -euo pipefail
 exec "${PYTHON:-python}" -m corag.commands.launch "$@"

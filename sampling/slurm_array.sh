@@ -18,9 +18,14 @@
 # --wait-minutes M (default 30) bounds either wait; then the task fails with one line saying why.
 #
 # Any array range works (--array=16-31, --array=0-30:2): task i of the array is node i of the run.
-# Shard logs go to logs/ (created here; CORAG_LOG_DIR sets another); Slurm's own log goes to the
-# submission folder (Slurm opens it before the script runs). Resubmitting the same array resumes every
-# shard where it stopped; then merge:
+# Logs go to logs/ (created here; CORAG_LOG_DIR sets another), named by array task:
+# sample-<array>_<task>-shard-<S>.log, retriever-<array>_<task>-node<i>.log; Slurm's own log goes to the
+# submission folder (Slurm opens it before the script runs).
+# At the time limit: Slurm warns the task 10 minutes before (--signal=B:USR1@600; give another margin
+# with sbatch --signal=B:USR1@SECONDS, more than a block of questions takes); its shards finish the block
+# in hand and stop, and the task requeues itself (python -m corag.commands.requeue; the same task id,
+# logs appended) and resumes them, at most CORAG_MAX_REQUEUES times (default 3), then fails in one line.
+# Resubmitting the same array also resumes every shard where it stopped; then merge:
 #   corag merge --questions <questions> --out chains.jsonl <out_dir>/chains-*.jsonl
 # CPUs and host memory are the cluster's defaults unless given (nodes differ): pass them to sbatch, e.g.
 # --cpus-per-task=32 --mem=256G for 8 vLLM engines (each loads its weights through host memory; --mem=0
@@ -30,7 +35,9 @@
 #SBATCH --nodes=1
 #SBATCH --gpus-per-node=8
 #SBATCH --time=24:00:00
+#SBATCH --signal=B:USR1@600
 #SBATCH --requeue
+#SBATCH --open-mode=append
 #SBATCH --output=corag-sample-%A_%a.out
 set -euo pipefail
 usage="usage: sbatch --array=A-B sampling/slurm_array.sh CONFIG [launcher flags] [-- flags]"
@@ -45,7 +52,8 @@ step=${SLURM_ARRAY_TASK_STEP:-1}
 count=${SLURM_ARRAY_TASK_COUNT:-$(( (${SLURM_ARRAY_TASK_MAX:-$task} - first) / step + 1 ))}
 node=$(( (task - first) / step ))
 cd "${SLURM_SUBMIT_DIR:-.}"
-log_dir=${CORAG_LOG_DIR:-logs}
-mkdir -p "$log_dir"
-exec "${PYTHON:-python}" -m corag.commands.launch "$config" --node-index "$node" --num-nodes "$count" \
-  --log-dir "$log_dir" ${own[@]+"${own[@]}"} -- "$@"
+export CORAG_LOG_DIR=${CORAG_LOG_DIR:-logs}
+mkdir -p "$CORAG_LOG_DIR"
+python=${PYTHON:-python}
+exec "$python" -m corag.commands.requeue "$python" -m corag.commands.launch "$config" --node-index "$node" \
+  --num-nodes "$count" --log-dir "$CORAG_LOG_DIR" ${own[@]+"${own[@]}"} -- "$@"

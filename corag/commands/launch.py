@@ -18,7 +18,13 @@ GPU `nvidia-smi` lists; none at all runs one engine on the CPU. Each engine gets
 With `--serve-index INDEX` (the shipped configs' layout), the launcher first starts this node's
 retrieval service over INDEX (corag.commands.node_service: the index's shards over the node's GPUs, on
 loopback), waits until it answers, gives every shard `--retriever URL`, and stops it when the shards end;
-its log is `<log-dir>/retriever-node<I>.log`. The engines start after it, into the memory it leaves.
+its log is `<log-dir>/retriever-<job>-node<I>.log`. The engines start after it, into the memory it leaves.
+Shard logs are `<log-dir>/sample-<job>-shard-<S>.log`; <job> is the Slurm job (ARRAY_TASK for an array
+task; left out of the names outside Slurm), and a requeued job appends to its own logs.
+
+On SIGUSR1 (Slurm's warning before the time limit, passed on by the batch shell) every running shard
+finishes the block in hand and stops, no further shard starts, and the launcher exits with status 75
+(corag.slurm.stopped): the batch shell requeues the job and the rerun resumes every unfinished shard.
 
 With `--retriever-url-file` (a service on a node of its own), the launcher first waits (at most `--wait-minutes`) for the file a
 retrieval service job writes (sampling/serve_retriever.sh) and for that service to answer, then gives
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -40,6 +47,7 @@ from corag.commands.node_service import node_service
 from corag.config import load_yaml, parse_config
 from corag.errors import InputError
 from corag.retrieval.client import wait_for_service
+from corag.slurm import STOPPED, WARNING_SIGNAL, job_tag, stopped
 
 
 def visible_devices(env: Mapping[str, str]) -> list[str] | None:
@@ -174,22 +182,65 @@ def check_config(args: LaunchArgs) -> tuple[int, int]:
     return _setting(args, values, "num_shards", None), _setting(args, values, "tensor_parallel_size", 1)
 
 
+class Shards:
+    """The shard processes running on this node, and whether the warning signal asked them to stop."""
+
+    def __init__(self) -> None:
+        self.running: list[subprocess.Popen] = []
+        self.stopping = False
+        self.lock = threading.Lock()
+
+    def warn(self, signum: int, frame: object) -> None:
+        """The warning signal: pass it on to every running shard; start no other."""
+        with self.lock:
+            self.stopping = True
+            for proc in self.running:
+                if proc.poll() is None:
+                    proc.send_signal(signum)
+
+    def run(self, command: list[str], env: dict[str, str], log: Path) -> int | None:
+        """One shard's exit status, or None when it was not started (the warning came first)."""
+        with self.lock:
+            if self.stopping:
+                return None
+            out = open(log, "ab")  # noqa: SIM115 (closed below, once the shard ends)
+            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.running.append(proc)
+        with out:
+            return proc.wait()
+
+
+def log_name(stem: str, what: str, env: Mapping[str, str]) -> str:
+    """`stem-<job>-what.log`, the job as corag.slurm.job_tag names it; `stem-what.log` outside Slurm."""
+    tag = job_tag(env)
+    return f"{stem}-{tag}-{what}.log" if tag else f"{stem}-{what}.log"
+
+
 def _run_worker(
-    command: list[str], shards: list[int], env: dict[str, str], log_dir: Path, failed: list[int]
+    shards_run: Shards,
+    command: list[str],
+    shards: list[int],
+    env: dict[str, str],
+    log_dir: Path,
+    failed: list[int],
+    halted: list[int],
 ) -> None:
-    """Sample `shards` one after another with one engine; a failed shard is recorded, the next one runs."""
+    """Sample `shards` one after another with one engine; a failed shard is recorded, the next one runs;
+    after the warning signal, the shard in hand stops (recorded in `halted`) and no other starts."""
     for shard in shards:
-        with open(log_dir / f"sample-shard-{shard:05d}.log", "ab") as log:
-            code = subprocess.run(
-                [*command, "--shard", str(shard)], env=env, stdout=log, stderr=subprocess.STDOUT
-            ).returncode
-        if code != 0:
+        log = log_dir / log_name("sample", f"shard-{shard:05d}", env)
+        code = shards_run.run([*command, "--shard", str(shard)], env, log)
+        if code is None or code == STOPPED:
+            halted.append(shard if code == STOPPED else -1 - shard)  # negative: never started
+        elif code != 0:
             print(f"launch: shard {shard} exited with status {code} (see its log)", file=sys.stderr)
             failed.append(shard)
 
 
 def main(argv: list[str] | None = None) -> int:
     args, passed = _parse(sys.argv[1:] if argv is None else argv)
+    shards_run = Shards()
+    signal.signal(WARNING_SIGNAL, shards_run.warn)  # from now on: the warning stops the shards, not this
     num_shards, tp = check_config(args)
     groups = engine_devices(visible_devices(os.environ), tp)
     log_dir = Path(args.log_dir)
@@ -199,16 +250,22 @@ def main(argv: list[str] | None = None) -> int:
             url = wait_for_service(args.retriever_url_file, args.wait_minutes * 60)
             print(f"launch: retrieval service at {url} (from {args.retriever_url_file})", file=sys.stderr)
             passed = [*passed, "--retriever", url]
-        return _run_engines(args, passed, groups, num_shards, tp, log_dir)
-    log = log_dir / f"retriever-node{args.node_index}.log"
+        return _run_engines(args, passed, groups, num_shards, tp, log_dir, shards_run)
+    log = log_dir / log_name("retriever", f"node{args.node_index}", os.environ)
     print(f"launch: starting this node's retrieval service ({args.serve_index}, log {log})", file=sys.stderr)
     with node_service(args.serve_index, log, args.wait_minutes * 60) as url:
         print(f"launch: retrieval service at {url}", file=sys.stderr)
-        return _run_engines(args, [*passed, "--retriever", url], groups, num_shards, tp, log_dir)
+        return _run_engines(args, [*passed, "--retriever", url], groups, num_shards, tp, log_dir, shards_run)
 
 
 def _run_engines(
-    args: LaunchArgs, passed: list[str], groups: list, num_shards: int, tp: int, log_dir: Path
+    args: LaunchArgs,
+    passed: list[str],
+    groups: list,
+    num_shards: int,
+    tp: int,
+    log_dir: Path,
+    shards_run: Shards,
 ) -> int:
     """One thread per engine of this node, each sampling its shards in turn; 1 if any shard failed."""
     workers = args.num_nodes * len(groups)
@@ -218,6 +275,7 @@ def _run_engines(
     if args.tensor_parallel_size is not None:
         base += ["--tensor_parallel_size", str(tp)]
     failed: list[int] = []
+    halted: list[int] = []
     threads = []
     for local, devices in enumerate(groups):
         worker = args.node_index * len(groups) + local
@@ -227,7 +285,9 @@ def _run_engines(
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         where = ",".join(devices) if devices else "cpu"
         print(f"launch: engine {worker} on {where}: shards {shards} of {num_shards}", file=sys.stderr)
-        thread = threading.Thread(target=_run_worker, args=([*base, *passed], shards, env, log_dir, failed))
+        thread = threading.Thread(
+            target=_run_worker, args=(shards_run, [*base, *passed], shards, env, log_dir, failed, halted)
+        )
         thread.start()
         threads.append(thread)
     for thread in threads:
@@ -236,7 +296,12 @@ def _run_engines(
         print(
             f"launch: shard(s) {sorted(failed)} failed; run the same command again to resume", file=sys.stderr
         )
-    return 1 if failed else 0
+        return 1
+    if halted:
+        saved = sorted(s for s in halted if s >= 0)
+        waiting = sorted(-1 - s for s in halted if s < 0)
+        return stopped(f"shard(s) {saved} saved what they had sampled (not started: {waiting})")
+    return 0
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from corag.sampling import (
     shard_path,
     validate_questions,
 )
+from corag.slurm import StopRequest, stopped
 
 
 @dataclass
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     index_id = (
         retriever.fingerprint() if hasattr(retriever, "fingerprint") else index_fingerprint(args.retriever)
     )
+    stop = StopRequest().install()  # Slurm's warning before the time limit: stop after the block in hand
     summary = run_sampling(
         examples,
         corpus,
@@ -136,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         shard=args.shard,
         num_shards=args.num_shards,
         executor=args.executor,
+        stop=stop,
     )
     summary["skipped_invalid"] = dict(skipped)
     print(json.dumps(summary, indent=2))
     print(f"chains written to {out_path}")
-    return 0
+    return stopped(f"{summary['chains_kept']} question(s) in {out_path}") if summary["stopped"] else 0

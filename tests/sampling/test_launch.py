@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -33,7 +35,7 @@ with open(os.environ["LAUNCH_RECORD"], "a") as f:
     f.write(json.dumps(row) + "\\n")
 if "--out-dir" in argv:
     run = Path(argv[argv.index("--out-dir") + 1]) / "greedy_L6"
-    run.mkdir(parents=True)
+    run.mkdir(parents=True, exist_ok=True)
     (run / "metrics.json").write_text(json.dumps({"run": "greedy:L=6", "count": 2, "em": 50.0, "f1": 60.0}))
 sys.exit(3 if "--fail" in sys.argv else 0)
 """
@@ -101,6 +103,40 @@ def test_engines_get_tensor_parallel_groups_of_the_listed_gpus(cluster):
     assert sorted(p.name for p in (cluster[0] / "logs").iterdir()) == [
         f"sample-shard-{i:05d}.log" for i in range(6)
     ]
+
+
+# Stands for a shard that samples until Slurm's warning: records its start, then stops (status 75).
+WARNED = """
+import json, os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+with open(os.environ["LAUNCH_RECORD"], "a") as f:
+    f.write(json.dumps({"argv": sys.argv[1:], "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\\n")
+while not got:
+    time.sleep(0.05)
+sys.exit(75)
+"""
+
+
+def test_the_warning_signal_stops_the_running_shards_and_starts_no_other(cluster):
+    """SIGUSR1 (Slurm's warning, passed on by the batch shell): each engine's shard in hand stops, the
+    launcher starts no further shard and exits 75 so the job requeues; logs carry the array task."""
+    tmp, config, env = cluster
+    (tmp / "warned.py").write_text(WARNED)
+    argv = ["bash", str(ROOT / "sampling" / "launch_node.sh"), str(config), "--log-dir", str(tmp / "logs")]
+    argv[3:3] = ["--command", f"{sys.executable} {tmp / 'warned.py'}"]
+    proc = subprocess.Popen(
+        argv, env={**env, **slurm_array_env(cluster)}, cwd=tmp, stderr=subprocess.PIPE, text=True
+    )
+    while len(records(cluster)) < 1:  # one engine of 2 GPUs: its first shard runs
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err
+    assert [r["shard"] for r in records(cluster)] == [0]  # shards 1-5 never started
+    assert "after shard(s) [0] saved what they had sampled (not started: [1, 2, 3, 4, 5])" in err
+    assert [p.name for p in (tmp / "logs").iterdir()] == ["sample-77_1-shard-00000.log"]
 
 
 def test_the_allocations_devices_are_respected(cluster):
@@ -322,7 +358,7 @@ def test_each_node_starts_its_own_service_and_stops_it_when_the_shards_end(clust
     assert [r["shard"] for r in rows] == [1, 3, 5] and all(r["health"] == 200 for r in rows)
     (url,) = {r["argv"][r["argv"].index("--retriever") + 1] for r in rows}
     assert url.startswith("http://127.0.0.1:") and f"retrieval service at {url}" in done.stderr
-    assert "serving" in (tmp / "logs" / "retriever-node1.log").read_text()  # node 1's own log
+    assert "serving" in (tmp / "logs" / "retriever-77_1-node1.log").read_text()  # node 1's own, by task
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{url}/health", timeout=5)  # stopped with the task
 
@@ -335,7 +371,7 @@ def test_a_service_that_cannot_start_fails_the_task_at_once(cluster):
     )
     assert done.returncode == 2 and not records(cluster)
     (line,) = done.stderr.strip().splitlines()[-1:]
-    assert "no-index" in line and "exited with status" in line and "retriever-node1.log" in line
+    assert "no-index" in line and "exited with status" in line and "retriever-77_1-node1.log" in line
     assert time.monotonic() - started < 120  # not the 30 minutes of --wait-minutes
     both = launch(cluster, "--serve-index", "x", "--retriever-url-file", "y")
     assert both.returncode == 2 and "not both" in both.stderr
@@ -366,26 +402,38 @@ def evaluate(cluster, *args: str, env: dict | None = None) -> subprocess.Complet
     return subprocess.run(argv, env={**base, **(env or {})}, cwd=tmp, capture_output=True, text=True)
 
 
-def test_evaluation_runs_one_file_per_gpu_through_the_waited_for_service(cluster, toy_world):
+def arg(row: dict, flag: str) -> str:
+    return row["argv"][row["argv"].index(flag) + 1]
+
+
+def test_evaluation_splits_every_file_over_the_gpus_through_the_waited_for_service(cluster, toy_world):
     from corag.retrieval.service import BackgroundServer, create_app
 
     tmp = cluster[0]
     url_file = tmp / "run" / "retriever.url"
     url_file.parent.mkdir()
-    data = ["--data", "d/hotpotqa.jsonl", "--data", "d/musique.jsonl", "--data", "d/2wiki.jsonl"]
+    names = ["hotpotqa", "musique", "2wiki"]
+    data = [w for n in names for w in ("--data", f"d/{n}.jsonl")]
     with BackgroundServer(create_app(BM25Retriever.from_passages(toy_world.passages))) as service:
         url_file.write_text(service.url + "\n")
         args = ["--retriever-url-file", str(url_file), *data, "--", "--methods", "greedy:L=6"]
         done = evaluate(cluster, *args, env={"CUDA_VISIBLE_DEVICES": "3,4"})
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (tmp / "record.jsonl").read_text().splitlines()]
-    by_data = {r["argv"][r["argv"].index("--data") + 1]: r for r in rows}
-    assert sorted(by_data) == ["d/2wiki.jsonl", "d/hotpotqa.jsonl", "d/musique.jsonl"]
-    assert [by_data[f"d/{n}.jsonl"]["devices"] for n in ("hotpotqa", "musique", "2wiki")] == ["3", "4", "3"]
-    for name, row in by_data.items():
-        argv = row["argv"]
-        assert argv[argv.index("--retriever") + 1] == service.url and "greedy:L=6" in argv
-        assert argv[argv.index("--out-dir") + 1] == f"runs/eval/{Path(name).stem}"
+    parts = [r for r in rows if "--merge" not in r["argv"]]
+    # every file in 2 parts, part s on the s-th GPU, each through the service
+    assert sorted((arg(r, "--data"), arg(r, "--shard"), r["devices"]) for r in parts) == sorted(
+        (f"d/{n}.jsonl", str(s), d) for n in names for s, d in ((0, "3"), (1, "4"))
+    )
+    assert {arg(r, "--num-shards") for r in rows} == {"2"}
+    for row in parts:
+        assert arg(row, "--retriever") == service.url and "greedy:L=6" in row["argv"]
+        assert arg(row, "--out-dir") == f"runs/eval/{Path(arg(row, '--data')).stem}"
+    merges = [r for r in rows if "--merge" in r["argv"]]  # after every part, one a file
+    assert sorted(arg(r, "--data") for r in merges) == sorted(f"d/{n}.jsonl" for n in names)
+    assert rows[-3:] == merges
+    logs = [re.fullmatch(r"corag-eval-\d+-(\w+)-part(\d)\.log", p.name) for p in (tmp / "logs").iterdir()]
+    assert sorted((m[1], int(m[2])) for m in logs if m) == sorted((n, s) for n in names for s in (0, 1))
 
 
 def test_evaluation_serves_its_own_index_and_merges_one_table(cluster, toy_world):
@@ -395,8 +443,9 @@ def test_evaluation_serves_its_own_index_and_merges_one_table(cluster, toy_world
     done = evaluate(cluster, "--serve-index", str(tmp / "bm25"), *data, env={"CUDA_VISIBLE_DEVICES": "0,1"})
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (tmp / "record.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and all(r["health"] == 200 for r in rows)
-    (url,) = {r["argv"][r["argv"].index("--retriever") + 1] for r in rows}
+    parts = [r for r in rows if "--merge" not in r["argv"]]
+    assert len(parts) == 4 and all(r["health"] == 200 for r in parts) and len(rows) == 6
+    (url,) = {arg(r, "--retriever") for r in parts}
     assert url.startswith("http://127.0.0.1:")
     table = (tmp / "runs" / "eval" / "results.md").read_text().splitlines()
     assert table[0].startswith("| dataset | run | count | em | paper_em | f1 | paper_f1 |")

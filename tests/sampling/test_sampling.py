@@ -196,6 +196,34 @@ def test_kill_nine_five_times_then_resume_equals_an_uninterrupted_run(setup, ref
     assert (tmp_path / "merged.jsonl").read_bytes() == (tmp_path / "merged_ref.jsonl").read_bytes()
 
 
+def test_the_warning_signal_stops_after_the_block_in_hand_and_a_rerun_completes_the_run(
+    setup, reference, tmp_path
+):
+    """Slurm's warning before the time limit (SIGUSR1): the shard ends after the block it is sampling,
+    with whole blocks written and exit status 75; the rerun samples the rest, every question once."""
+    out = tmp_path / "warned"
+    target = shard_path(out, 0, 1)
+    proc = subprocess.Popen(
+        _cli(setup, "--out_dir", str(out), "--keep_candidates", "true"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    while _lines(target) == 0 and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 75, err[-2000:]
+    assert "stopped on the warning signal" in err
+    written = _lines(target)
+    assert 0 < written < NUM_QUESTIONS and written % 2 == 0  # whole blocks of 2, the rest left to do
+    subprocess.run(
+        _cli(setup, "--out_dir", str(out), "--keep_candidates", "true"), check=True, capture_output=True
+    )
+    examples = load_examples(setup["questions"])
+    merge_shards([target], examples, tmp_path / "merged.jsonl")  # every question exactly once
+    merge_shards([reference], examples, tmp_path / "merged_ref.jsonl")
+    assert (tmp_path / "merged.jsonl").read_bytes() == (tmp_path / "merged_ref.jsonl").read_bytes()
+
+
 @pytest.mark.slow
 def test_two_shards_in_two_processes_merge_to_the_one_process_run(setup, reference, tmp_path):
     out = tmp_path / "shards"
