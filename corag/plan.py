@@ -827,10 +827,9 @@ KNOWN_QUESTIONS = {
         "eli5_validation": 1_507,
     },
 }
-# SFT examples: the KILT run's dataset holds about 660k (configs/sft/llama3.1-8b-kilt-full.yaml); multi-hop
-# QA's, 125,385 chains x (the final answer + each step's sub-query and sub-answer at `ratio` 0.2) with
-# chains of 3 steps on average (lengths drawn from 1..5; early stops not counted).
-KILT_EXAMPLES = 660_000
+# SFT examples: a chain per training question (125,385 multi-hop; about 1.07M KILT), each giving its final
+# answer and each step's sub-query and sub-answer at `ratio` 0.2, with chains of 3 steps on average
+# (lengths drawn from 1..5; early stops not counted).
 MEAN_CHAIN_STEPS = 3
 # The job's time limit of each stage's launch script (its #SBATCH --time).
 LAUNCHERS = {
@@ -1041,11 +1040,10 @@ def sft_examples(values: dict[str, Any]) -> tuple[float | None, str]:
     if values.get("chains") and Path(str(values["chains"])).is_file():
         chains, _ = count_questions(str(values["chains"]))
         return (chains or 0) * per_chain, f"{chains:,} chains in {values['chains']} x {per_chain:g} examples"
-    if "kilt" in source.lower():
-        return KILT_EXAMPLES, "the KILT run's ~660k examples"
-    if "multihopqa" in source.lower():
-        chains = KNOWN_QUESTIONS["multihopqa"]["train"]
-        return chains * per_chain, f"{chains:,} multi-hop QA chains x {per_chain:g} examples"
+    for dataset, name in (("kilt", "KILT"), ("multihopqa", "multi-hop QA")):
+        if dataset in source.lower():
+            chains = KNOWN_QUESTIONS[dataset]["train"]
+            return chains * per_chain, f"{chains:,} {name} chains x {per_chain:g} examples"
     return None, f"no example count for {source or 'the dataset'}"
 
 
