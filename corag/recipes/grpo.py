@@ -16,7 +16,8 @@ are replaced by other questions' (`max_extra_questions`); then trl's GRPO loss f
 sampler drew, never on retrieved text or greedy calls (corag.training.grpo). With `eval_questions`, the
 policy answers a held-out slice at step 0, every `eval_steps` and at the end (heldout.jsonl, a plot in
 progress.png; corag.training.progress). Full fine-tuning or LoRA (`use_peft: true`); resumes from the
-last checkpoint in output_dir with the same questions and chains; W&B goes offline without a key or
+last checkpoint in output_dir with the same questions and chains (on SIGUSR1, Slurm's warning before the
+time limit, it saves a checkpoint after the step in hand and exits with status 75); W&B goes offline without a key or
 network, as in the SFT recipe. Rollouts run on
 each process's own copy of the policy (transformers), or on the vLLM engine trl colocates with it
 (`use_vllm: true`, `vllm_mode: colocate`). On N nodes under Slurm:
@@ -41,7 +42,14 @@ from trl import GRPOConfig, ModelConfig, get_peft_config
 from corag.chain import GenerationLimits
 from corag.config import parse_config, read_config
 from corag.errors import InputError
-from corag.training.recipes import attention_implementation, fail, wandb_offline_if_unreachable
+from corag.training.recipes import (
+    StopOnWarning,
+    attention_implementation,
+    close_processes,
+    end_stopped,
+    fail,
+    wandb_offline_if_unreachable,
+)
 from corag.training.rollout import RolloutConfig
 
 logger = logging.getLogger("corag.grpo")
@@ -242,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     # 4. Train: chain rollouts, rewards and advantages are ours; the loss, optimizer and checkpoints trl's.
     from corag.training.grpo import ChainGRPOTrainer
 
+    # Slurm's warning before the time limit saves a checkpoint after the step in hand and ends the run.
+    near_limit = StopOnWarning()
+    time_limit = (
+        [TimeLimit(data.time_limit_minutes, data.time_limit_clock)] if data.time_limit_minutes else []
+    )
     trainer = ChainGRPOTrainer(
         model=model,
         args=args,
@@ -254,11 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         limits=limits,
         held_out=held_out,
         held_out_method=data.eval_method,
-        callbacks=[TimeLimit(data.time_limit_minutes, data.time_limit_clock)]
-        if data.time_limit_minutes
-        else None,
+        callbacks=[*time_limit, near_limit],
     )
     result = trainer.train(resume_from_checkpoint=checkpoint)
+    if near_limit.stopped:
+        return end_stopped(trainer)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -267,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer.save_model(args.output_dir)
     if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(args.output_dir)
+    close_processes(trainer)
     logger.info("model saved to %s", args.output_dir)
     return 0
 

@@ -17,7 +17,8 @@ builds while the others wait for the finished folder, no collective pending, no 
 nodes) into `<output_dir>-examples`. Tokens are computed once, by the first process, and cached beside the
 examples; every process memory-maps both. Loss falls only on each
 target and its end-of-turn token. Full fine-tuning, or LoRA with `use_peft: true`; resumes from the last
-checkpoint in output_dir, so a requeued job goes on where it stopped; with LoRA, `merge_lora: true`
+checkpoint in output_dir, so a requeued job goes on where it stopped (on SIGUSR1, Slurm's warning before
+the time limit, it saves a checkpoint after the step in hand and exits with status 75); with LoRA, `merge_lora: true`
 also writes a merged model to `<output_dir>/merged` that transformers and vLLM load.
 
 On N nodes under Slurm: `sbatch --nodes=N recipes/slurm_train.sh sft zero3 CONFIG [--key value ...]` (one
@@ -46,7 +47,14 @@ from corag.config import parse_config
 from corag.errors import InputError
 from corag.training import dataset as examples_dataset
 from corag.training.dataset import ExamplesConfig
-from corag.training.recipes import attention_implementation, fail, wandb_offline_if_unreachable
+from corag.training.recipes import (
+    StopOnWarning,
+    attention_implementation,
+    close_processes,
+    end_stopped,
+    fail,
+    wandb_offline_if_unreachable,
+)
 
 logger = logging.getLogger("corag.sft")
 PROG = "corag train sft"
@@ -275,15 +283,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     model.config.use_cache = False
 
-    # 5. Train: trl keeps our labels (target + end of turn) and only truncates, packs and collates.
+    # 5. Train: trl keeps our labels (target + end of turn) and only truncates, packs and collates. Slurm's
+    # warning before the time limit saves a checkpoint after the step in hand and ends the run there.
+    near_limit = StopOnWarning()
     trainer = SFTTrainer(
         model=model,
         args=sft_args,
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
+        callbacks=[near_limit],
     )
     result = trainer.train(resume_from_checkpoint=checkpoint)
+    if near_limit.stopped:
+        return end_stopped(trainer)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -300,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer.save_pretrained(sft_args.output_dir)
         if model_args.use_peft and recipe_args.merge_lora:
             merge_lora(sft_args.output_dir, Path(sft_args.output_dir) / "merged")
-    trainer.accelerator.wait_for_everyone()
+    close_processes(trainer)
     logger.info("model saved to %s", sft_args.output_dir)
     return 0
 

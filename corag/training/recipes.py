@@ -1,5 +1,6 @@
 """What the training recipes (corag/recipes/: sft, grpo) share: a bad setting as one line, W&B offline
-where it cannot log, and attention that can run here.
+where it cannot log, attention that can run here, a checkpoint and a stop on Slurm's warning before the
+time limit, and a clean end of a run over several processes.
 
 Importing this module makes bad input one line in every recipe process: an InputError that nothing
 caught (a file found wrong after parsing, on any rank under `accelerate launch`) ends the process as
@@ -16,12 +17,14 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from types import TracebackType
-from typing import NoReturn
+from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 import torch
+from transformers import TrainerCallback
 
 from corag.errors import InputError
+from corag.slurm import STOPPED, StopRequest, stopped
 
 logger = logging.getLogger("corag.training")
 
@@ -114,3 +117,50 @@ def attention_implementation(requested: str | None) -> str | None:
         logger.warning("%s cannot run here (no GPU or no %s); using sdpa", requested, kernels[requested])
         return "sdpa"
     return requested
+
+
+class StopOnWarning(TrainerCallback):
+    """On Slurm's warning before the time limit (SIGUSR1, corag.slurm): save a checkpoint at the end of the
+    step in hand and stop training; `stopped` then says so. The processes decide together (the flag is
+    reduced over them after every step), so none waits in a collective that another has left."""
+
+    def __init__(self) -> None:
+        self.request = StopRequest().install()
+        self.stopped = False
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 (transformers' callback signature)
+        if self._anywhere(self.request.received, args.device):
+            logger.info(
+                "the time limit is near: saving a checkpoint after step %d and stopping", state.global_step
+            )
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped = True
+        return control
+
+    @staticmethod
+    def _anywhere(flag: bool, device: torch.device) -> bool:
+        """Whether any process of the run has the flag (this one's alone without a process group)."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return flag
+        value = torch.tensor([int(flag)], device=device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+        return bool(value.item())
+
+
+def end_stopped(trainer: Any) -> int:
+    """End a run that StopOnWarning stopped: its checkpoint is written; the first process says so (one line,
+    the requeue mark). The exit status: 75, or 0 under torchelastic (`accelerate launch` on several
+    processes), which reports a worker's non-zero status as a failure; the mark says it there."""
+    where = f"step {trainer.state.global_step} (checkpoint in {trainer.args.output_dir})"
+    code = stopped(where) if trainer.accelerator.is_main_process else STOPPED
+    close_processes(trainer)
+    return 0 if "TORCHELASTIC_RUN_ID" in os.environ else code
+
+
+def close_processes(trainer: Any) -> None:
+    """The run's last collective: every process waits for the others, then leaves the process group, so a
+    node that finishes first does not tear down what the others still use."""
+    trainer.accelerator.wait_for_everyone()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

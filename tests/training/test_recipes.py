@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -23,3 +24,24 @@ def test_an_uncaught_input_error_in_a_recipe_process_is_one_line(monkeypatch):
     monkeypatch.setenv("CORAG_DEBUG", "1")
     proc = subprocess.run([sys.executable, "-c", RAISE], capture_output=True, text=True, check=False)
     assert proc.returncode == 1 and "Traceback" in proc.stderr
+
+
+def test_the_warning_signal_saves_and_stops_at_the_end_of_the_step():
+    """StopOnWarning: nothing changes until SIGUSR1 comes; then the step's end saves and stops."""
+    import signal
+
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from corag.training.recipes import StopOnWarning
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        callback = StopOnWarning()
+        args = TrainingArguments(output_dir="unused", use_cpu=True, report_to=[])
+        control = callback.on_step_end(args, TrainerState(global_step=3), TrainerControl())
+        assert not (control.should_save or control.should_training_stop or callback.stopped)
+        os.kill(os.getpid(), signal.SIGUSR1)  # as Slurm (or the batch shell passing it on) sends it
+        control = callback.on_step_end(args, TrainerState(global_step=4), TrainerControl())
+        assert control.should_save and control.should_training_stop and callback.stopped
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
