@@ -451,7 +451,8 @@ class ChainGRPOTrainer(GRPOTrainer):
     ) -> None:
         """For trl's logs, over every chain rolled out this step: reward, answer accuracy, chain length,
         stop rate and tokens; the share of groups whose chains all scored alike and the extra questions
-        drawn for them; rows trained per chain. (trl logs `entropy`: the policy's, on the sampled ids.)"""
+        drawn for them; the share of the step's questions left without a group that has spread (no
+        replacement within the bound: those carry no gradient); rows trained per chain. (trl logs `entropy`: the policy's, on the sampled ids.)"""
         chains = [chain for group in rolled for chain in group]
         metrics = self._metrics[mode]
         metrics["reward"].append(statistics.fmean(c.reward for c in chains))
@@ -464,5 +465,6 @@ class ChainGRPOTrainer(GRPOTrainer):
         metrics["tokens_per_chain"].append(statistics.fmean(c.result.usage.total for c in chains))
         metrics["zero_spread"].append(statistics.fmean(float(zero_spread(g)) for g in rolled))
         metrics["extra_questions"].append(float(len(rolled) - asked))
+        metrics["unfilled"].append(max(0, asked - len(groups)) / asked)
         trained = sum(len(g) for g in groups)
         metrics["rows_per_chain"].append(num_rows / trained if trained else 0.0)

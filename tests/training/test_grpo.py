@@ -126,7 +126,7 @@ def test_the_trainer_takes_steps_on_the_tiny_model(world, short_model_dir, tmp_p
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
     assert changed
     keys = ("reward", "reward_std", "answer_em", "answer_f1", "chain_steps", "stop_rate", "tokens_per_chain",
-            "zero_spread", "extra_questions", "rows_per_chain", "entropy", "loss")  # fmt: skip
+            "zero_spread", "extra_questions", "unfilled", "rows_per_chain", "entropy", "loss")  # fmt: skip
     for key in keys:
         assert len(logged(trainer, key)) == 2, key
     assert all(t > 0 for t in logged(trainer, "tokens_per_chain"))
@@ -191,6 +191,10 @@ def test_the_bound_on_extra_questions_holds(world, short_model_dir, tmp_path, ca
     assert kept == [] and len(rolled) == 3  # the batch's question and two more, no further
     assert len({g[0].result.query_id for g in rolled}) == 3
     assert "max_extra_questions" in caplog.text
+    trainer.log_groups(kept, rolled, 1, 0, "train")
+    metrics = trainer._metrics["train"]
+    assert metrics["zero_spread"][-1] == metrics["unfilled"][-1] == 1.0  # the step's one question trains nothing
+    assert metrics["extra_questions"][-1] == 2.0
     none = make(
         world, short_model_dir, tmp_path / "none", max_steps=1, trainer_class=Flat, max_extra_questions=0
     )
