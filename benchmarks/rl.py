@@ -13,7 +13,8 @@ For each seed (a target world of the quickstart's sizes, also the sampling and f
    machine shortens neither side.
 Each model answers the same held-out questions (50 2-hop, 50 3-hop) with greedy L=3; the table gives EM by
 hops and tokens per question, and for each GRPO run its steps, training reward in the first and last tenth
-of steps, the share of groups whose chains all scored alike, and its stop rate.
+of steps, the share of groups whose chains all scored alike (before and after the replacements of
+dynamic sampling: `zero_spread`, `unfilled`), and its stop rate.
 
     python benchmarks/rl.py [--seeds 0 1 2] [--out runs/bench-rl]
 
@@ -111,6 +112,7 @@ def run_seed(seed: int, out: Path) -> dict:
         }
         for name in models
     }
+    asked = load_yaml(toy)["questions_per_step"]  # one process
     for name in runs:
         history = json.loads((out / "models" / name / "trainer_state.json").read_text())["log_history"]
         steps = [r for r in history if "reward" in r]
@@ -120,12 +122,20 @@ def run_seed(seed: int, out: Path) -> dict:
             reward_first_tenth=round(statistics.fmean(r["reward"] for r in steps[:tenth]), 4),
             reward_last_tenth=round(statistics.fmean(r["reward"] for r in steps[-tenth:]), 4),
             zero_spread=round(statistics.fmean(r["zero_spread"] for r in steps), 3),
+            unfilled=round(statistics.fmean(unfilled(r, asked) for r in steps), 3),
             stop_rate=round(statistics.fmean(r["stop_rate"] for r in steps), 3),
             wall_s=timings[f"{name}_s"],
         )
     row["round2_wall_s"] = timings["round2_s"]
     row["round2_compute_s"] = timings["round2_compute_s"]
     return row
+
+
+def unfilled(step: dict, asked: int) -> float:
+    """Share of a step's questions left without a group that has spread: the groups rolled out (the step's
+    and the extra questions') less those that scored alike, against the step's questions."""
+    rolled = asked + step["extra_questions"]
+    return max(0.0, asked - rolled * (1 - step["zero_spread"])) / asked
 
 
 def main() -> None:
