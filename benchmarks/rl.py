@@ -16,7 +16,7 @@ hops and tokens per question, and for each GRPO run its steps, training reward i
 of steps, the share of groups whose chains all scored alike (before and after the replacements of
 dynamic sampling: `zero_spread`, `unfilled`), and its stop rate.
 
-    python benchmarks/rl.py [--seeds 0 1 2] [--out runs/bench-rl]
+    python benchmarks/rl.py [--seeds 0 1 2] [--out runs/bench-rl] [--token-cost-seeds 0]
 
 Stages already done in --out are reused. Last line: one JSON object.
 """
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 EVAL = "greedy:L=3"
 
 
-def run_seed(seed: int, out: Path) -> dict:
+def run_seed(seed: int, out: Path, token_cost: bool = True) -> dict:
     from corag.config import load_yaml
     from corag.data.corpus import Corpus
     from corag.iterate import run_recipe
@@ -83,7 +83,7 @@ def run_seed(seed: int, out: Path) -> dict:
     toy = REPO / "configs/grpo/toy.yaml"
     costly = out / "grpo-token-cost.yaml"  # a leading minus would read as a flag on the command line
     costly.write_text(f"base: {toy}\nreward: [f1, -0.1*tokens]\n")
-    runs = {"grpo": (1, toy), "grpo4": (4, toy), "grpo4_cost": (4, costly)}
+    runs = {"grpo": (1, toy), "grpo4": (4, toy), **({"grpo4_cost": (4, costly)} if token_cost else {})}
     for name, (times, config) in runs.items():
         folder = out / "models" / name
         if (folder / "config.json").exists():
@@ -142,14 +142,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/bench-rl")
+    parser.add_argument(
+        "--token-cost-seeds", type=int, nargs="*", default=None,
+        help="the seeds that also run GRPO 4x with the token cost (default: every seed)",
+    )  # fmt: skip
     args = parser.parse_args()
-    seeds = {seed: run_seed(seed, Path(args.out) / f"seed{seed}") for seed in args.seeds}
-    first = seeds[args.seeds[0]]
-    means = {
-        name: {k: round(statistics.fmean(s[name][k] for s in seeds.values()), 2) for k in first[name]}
-        for name in first
-        if isinstance(first[name], dict)
-    }
+    costly = set(args.seeds if args.token_cost_seeds is None else args.token_cost_seeds)
+    seeds = {seed: run_seed(seed, Path(args.out) / f"seed{seed}", seed in costly) for seed in args.seeds}
+    names = dict.fromkeys(name for row in seeds.values() for name, v in row.items() if isinstance(v, dict))
+    means = {}
+    for name in names:  # each run's mean over the seeds that ran it
+        rows = [row[name] for row in seeds.values() if name in row]
+        means[name] = {k: round(statistics.fmean(r[k] for r in rows), 2) for k in rows[0]} | {
+            "seeds": len(rows)
+        }
     for seed, row in seeds.items():
         print(f"seed {seed}: {json.dumps(row)}")
     print(json.dumps({"seeds": seeds, "mean": means}))
