@@ -151,6 +151,7 @@ def slurm(tmp_path):
         CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7",
         SLURM_SUBMIT_DIR=str(REPO),
         CORAG_LOG_DIR=str(tmp_path / "logs"),
+        PYTHON=sys.executable,
     )
     return tmp_path, env
 
@@ -185,7 +186,7 @@ def test_two_nodes_one_accelerate_launch_each(slurm):
             "launch", "--config_file", "configs/accelerate/fsdp.yaml", "--num_machines", "2",
             "--num_processes", "16", "--machine_rank", str(rank), "--main_process_ip", "10.1.0.17",
             "--main_process_port", str(29500 + 4242 % 1000), "--rdzv_backend", "c10d",
-            "--rdzv_conf", f"is_host={int(rank == 0)}", "recipes/sft.py", "--config", config, "--output_dir", "runs/sft/x",
+            "--rdzv_conf", "is_host=0", "recipes/sft.py", "--config", config, "--output_dir", "runs/sft/x",
         ]  # fmt: skip
     assert (slurm[0] / "logs").is_dir()
 
@@ -196,7 +197,14 @@ def test_the_sbatch_header_sets_what_a_cluster_needs_and_no_size_a_smaller_node_
         for line in (REPO / "recipes/slurm_train.sh").read_text().splitlines()
         if line.startswith("#SBATCH")
     ]
-    for option in ("--time=", "--requeue", "--nodes=", "--ntasks-per-node=1", "--output="):
+    for option in (
+        "--time=",
+        "--signal=B:USR1@",
+        "--requeue",
+        "--nodes=",
+        "--ntasks-per-node=1",
+        "--output=",
+    ):
         assert any(option in line for line in header), option
     for script in ("recipes/slurm_train.sh", "sampling/slurm_array.sh", "sampling/serve_retriever.sh",
                    "evaluation/slurm_eval.sh"):  # fmt: skip
