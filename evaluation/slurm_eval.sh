@@ -1,35 +1,46 @@
 #!/usr/bin/env bash
-# Evaluation on one node: one `corag evaluate` per questions file, each on its own GPU(s) of the node, all
-# at once (a file per GPU; more files than GPUs run in turns), answering through a retrieval service.
+# Evaluation over every GPU of the job: each questions file (and each method of the config) is split into
+# as many parts as the job has engines, so that all engines finish about together, then each file's parts
+# are merged and one table is written.
 #
-#   sbatch evaluation/slurm_eval.sh CONFIG --serve-index data/index/e5-large-v2 \
+#   sbatch --nodes=2 evaluation/slurm_eval.sh CONFIG --serve-index data/index/e5-large-v2 \
 #       --data data/multihopqa/hotpotqa_validation.jsonl --data data/multihopqa/musique_validation.jsonl \
 #       [--out-root runs/eval] [--gpus-per-run 1] [--wait-minutes 30] [-- flags for corag evaluate]
 #
-# --serve-index INDEX (the shipped layout) starts this node's retrieval service first (its shards over the
-# node's GPUs, on loopback; python -m corag.commands.node_service), waits until it answers, and stops it at
-# the end; the engines then run beside it. With --retriever-url-file instead (a service on a node of its
-# own, sampling/serve_retriever.sh) the job waits at run time (at most --wait-minutes) for the URL file that
-# sampling/serve_retriever.sh writes and for the service to answer, then passes --retriever URL; after
-# that long without one it fails with one line naming the file. Chain it with
-# `--dependency=after:<service job id>` to start it only once the service job runs. Each file's results
-# go to OUT_ROOT/<file name without .jsonl>, and one table over all of them to OUT_ROOT/results.md
-# (`corag results OUT_ROOT`); logs to logs/ (CORAG_LOG_DIR). Devices: CUDA_VISIBLE_DEVICES
-# as Slurm set it, else every GPU nvidia-smi lists; none runs the files one after another on the CPU.
+# One task per node (srun); each node starts one engine per --gpus-per-run of its GPUs. With N nodes of
+# G GPUs there are S = N x G / gpus-per-run engines, and engine s answers part s of S of every file, file
+# after file (`corag evaluate --shard s --num-shards S`, into OUT_ROOT/<file>/parts/). Then each file's
+# parts are joined into exactly what one process writes (`corag evaluate --num-shards S --merge`:
+# OUT_ROOT/<file name without .jsonl>/<run>/), and one table over all files goes to OUT_ROOT/results.md
+# (`corag results OUT_ROOT`). A requeued or resubmitted job on as many GPUs skips the finished parts and
+# resumes the others.
+# --serve-index INDEX (the shipped layout) starts each node's own retrieval service first (its shards over
+# the node's GPUs, on loopback; python -m corag.commands.node_service), waits until it answers, and stops it
+# at the end; the node's engines run beside it and search it. With --retriever-url-file instead (a service
+# on a node of its own, sampling/serve_retriever.sh) the job waits at run time (at most --wait-minutes) for
+# the URL file that sampling/serve_retriever.sh writes and for the service to answer, then passes
+# --retriever URL; after that long without one it fails with one line naming the file. Chain it with
+# `--dependency=after:<service job id>` to start it only once the service job runs.
+# Logs in logs/ (CORAG_LOG_DIR): corag-eval-<job>-<file>-part<s>.log for each part, retriever-<job>-node<i>.log
+# for each node's service. Devices: each node's CUDA_VISIBLE_DEVICES as Slurm set it, else every GPU
+# nvidia-smi lists; none runs one engine a node on the CPU. Outside Slurm, `bash evaluation/slurm_eval.sh
+# ...` runs as one node.
 # CPUs and host memory are the cluster's defaults unless given (nodes differ): pass them to sbatch, e.g.
-# --cpus-per-task=32 --mem=256G for 8 engines (each loads its weights through host memory). `corag submit
-# evaluation/slurm_eval.sh [sbatch flags] -- ARGS` checks them against the partition's nodes first.
+# --cpus-per-task=32 --mem=256G for 8 engines a node (each loads its weights through host memory). `corag
+# submit evaluation/slurm_eval.sh [sbatch flags] -- ARGS` checks them against the partition's nodes first.
 #SBATCH --job-name=corag-eval
 #SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
 #SBATCH --time=12:00:00
 #SBATCH --requeue
+#SBATCH --open-mode=append
 #SBATCH --output=corag-eval-%j.out
 set -euo pipefail
-usage="usage: sbatch evaluation/slurm_eval.sh CONFIG [--serve-index INDEX | --retriever-url-file F] --data FILE [--data FILE ...] [-- flags]"
+usage="usage: sbatch [--nodes=N] evaluation/slurm_eval.sh CONFIG [--serve-index INDEX | --retriever-url-file F] --data FILE [--data FILE ...] [-- flags]"
 config=${1:?$usage}
 shift
-url_file="" serve_index="" service="" wait_minutes=30 out_root=runs/eval per_run=1 data=()
+url_file="" serve_index="" wait_minutes=30 out_root=runs/eval per_run=1 data=()
 while [[ $# -gt 0 && "$1" != "--" ]]; do
   case "$1" in
     --retriever-url-file) url_file=$2; shift 2 ;;
@@ -43,51 +54,100 @@ while [[ $# -gt 0 && "$1" != "--" ]]; do
 done
 [[ "${1:-}" == "--" ]] && shift
 [[ ${#data[@]} -gt 0 ]] || { echo "slurm_eval.sh: give at least one --data FILE ($usage)" >&2; exit 2; }
+[[ -z "$serve_index" || -z "$url_file" ]] || { echo "slurm_eval.sh: give --serve-index or --retriever-url-file, not both" >&2; exit 2; }
+[[ "$per_run" =~ ^[1-9][0-9]*$ ]] || { echo "slurm_eval.sh: --gpus-per-run must be 1 or more, got $per_run" >&2; exit 2; }
 cd "${SLURM_SUBMIT_DIR:-.}"
 python=${PYTHON:-python}
 command=${CORAG_EVAL_COMMAND:-$python -m corag.cli evaluate}
 log_dir=${CORAG_LOG_DIR:-logs}
 mkdir -p "$log_dir"
-extra=()
-if [[ -n "$serve_index" ]]; then
-  [[ -z "$url_file" ]] || { echo "slurm_eval.sh: give --serve-index or --retriever-url-file, not both" >&2; exit 2; }
-  url_file="$log_dir/retriever-${SLURM_JOB_ID:-$$}.url"
-  rm -f "$url_file"
-  "$python" -m corag.commands.node_service "$serve_index" "$url_file" --wait-minutes "$wait_minutes" \
-    --log "$log_dir/retriever-${SLURM_JOB_ID:-$$}.log" &
-  service=$!
-  trap 'kill "$service" 2>/dev/null || true; wait "$service" 2>/dev/null || true' EXIT
-fi
+job=${SLURM_JOB_ID:-$$}
+retriever=""
 if [[ -n "$url_file" ]]; then
-  url=$("$python" -m corag.commands.wait_service "$url_file" --wait-minutes "$wait_minutes" \
-    ${service:+--service-pid "$service"})
-  echo "slurm_eval.sh: retrieval service at $url (from $url_file)" >&2
-  extra=(--retriever "$url")
+  retriever=$("$python" -m corag.commands.wait_service "$url_file" --wait-minutes "$wait_minutes")
+  echo "slurm_eval.sh: retrieval service at $retriever (from $url_file)" >&2
 fi
-if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
-  IFS=, read -r -a gpus <<< "$CUDA_VISIBLE_DEVICES"
+# Engines a node: the GPUs of this (the first) node, gpus-per-run each; every node has as many.
+if [[ -n "${SLURM_GPUS_ON_NODE:-}" ]]; then
+  node_gpus=$SLURM_GPUS_ON_NODE
+elif [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+  node_gpus=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)
 else
-  mapfile -t gpus < <(nvidia-smi --list-gpus 2>/dev/null | awk '/^GPU /{print NR-1}' || true)
+  node_gpus=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU ' || true)
 fi
-slots=$(( ${#gpus[@]} / per_run ))
-(( slots >= 1 )) || slots=1
-pids=() failed=0
-for i in "${!data[@]}"; do
-  file=${data[$i]}
-  name=$(basename "$file" .jsonl)
-  slot=$(( i % slots ))
-  devices=$(IFS=,; echo "${gpus[*]:$(( slot * per_run )):$per_run}")
-  echo "slurm_eval.sh: $file on ${devices:-cpu} -> $out_root/$name" >&2
-  # shellcheck disable=SC2086  # the command is words, as CORAG_EVAL_COMMAND gives them
-  CUDA_VISIBLE_DEVICES=${devices:-${CUDA_VISIBLE_DEVICES:-}} $command --config "$config" --data "$file" \
-    --out-dir "$out_root/$name" ${extra[@]+"${extra[@]}"} "$@" > "$log_dir/corag-eval-$name.log" 2>&1 &
-  pids+=($!)
-  if (( ${#pids[@]} == slots )); then
-    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-    pids=()
+nodes=${SLURM_NNODES:-1}
+per_node=$(( node_gpus / per_run ))
+(( per_node >= 1 )) || per_node=1
+parts=$(( nodes * per_node ))
+echo "slurm_eval.sh: ${#data[@]} file(s), each in $parts part(s): $nodes node(s) x $per_node engine(s) of ${per_run} GPU(s) (cpu without GPUs)" >&2
+export CORAG_EVAL_CONFIG=$config CORAG_EVAL_OUT_ROOT=$out_root CORAG_EVAL_COMMAND=$command
+export CORAG_EVAL_PER_RUN=$per_run CORAG_EVAL_PER_NODE=$per_node CORAG_EVAL_PARTS=$parts
+export CORAG_EVAL_JOB=$job CORAG_EVAL_RETRIEVER=$retriever CORAG_SERVE_INDEX=$serve_index
+export CORAG_EVAL_WAIT_MINUTES=$wait_minutes CORAG_LOG_DIR=$log_dir PYTHON=$python
+# One node: its service (with --serve-index), then its engines, each answering its part of every file
+# in turn. Arguments: the files, --, the flags for corag evaluate.
+node_task='set -euo pipefail
+  node=${SLURM_PROCID:-0} files=() retriever=() pids=() failed=0
+  while [[ "$1" != "--" ]]; do files+=("$1"); shift; done
+  shift
+  [[ -z "$CORAG_EVAL_RETRIEVER" ]] || retriever=(--retriever "$CORAG_EVAL_RETRIEVER")
+  if [[ -n "$CORAG_SERVE_INDEX" ]]; then  # this node'"'"'s retrieval service, for its engines only
+    base="$CORAG_LOG_DIR/retriever-$CORAG_EVAL_JOB-node$node"
+    rm -f "$base.url"
+    "$PYTHON" -m corag.commands.node_service "$CORAG_SERVE_INDEX" "$base.url" --log "$base.log" \
+      --wait-minutes "$CORAG_EVAL_WAIT_MINUTES" &
+    service=$!
+    trap '"'"'kill "$service" 2>/dev/null || true; wait "$service" 2>/dev/null || true'"'"' EXIT
+    url=$("$PYTHON" -m corag.commands.wait_service "$base.url" --service-pid "$service" \
+      --wait-minutes "$CORAG_EVAL_WAIT_MINUTES")
+    echo "slurm_eval.sh: node $node searches $url" >&2
+    retriever=(--retriever "$url")
   fi
-done
-for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid" || failed=1; done
-(( failed == 0 )) || { echo "slurm_eval.sh: a run failed (see $log_dir/corag-eval-*.log)" >&2; exit 1; }
+  if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+    IFS=, read -r -a gpus <<< "$CUDA_VISIBLE_DEVICES"
+  else
+    mapfile -t gpus < <(nvidia-smi --list-gpus 2>/dev/null | awk '"'"'/^GPU /{print NR-1}'"'"' || true)
+  fi
+  if (( ${#gpus[@]} > 0 && ${#gpus[@]} < CORAG_EVAL_PER_NODE * CORAG_EVAL_PER_RUN )); then
+    echo "slurm_eval.sh: node $node has ${#gpus[@]} GPU(s), the first node $(( CORAG_EVAL_PER_NODE * CORAG_EVAL_PER_RUN )): give every node as many (--gpus-per-node)" >&2
+    exit 2
+  fi
+  for (( slot = 0; slot < CORAG_EVAL_PER_NODE; slot++ )); do
+    part=$(( node * CORAG_EVAL_PER_NODE + slot ))
+    devices=$(IFS=,; echo "${gpus[*]:$(( slot * CORAG_EVAL_PER_RUN )):$CORAG_EVAL_PER_RUN}")
+    (
+      status=0
+      for file in "${files[@]}"; do
+        name=$(basename "$file" .jsonl)
+        log="$CORAG_LOG_DIR/corag-eval-$CORAG_EVAL_JOB-$name-part$part.log"
+        echo "slurm_eval.sh: part $part of $CORAG_EVAL_PARTS of $file on ${devices:-cpu} (node $node), log $log" >&2
+        # shellcheck disable=SC2086  # the command is words, as CORAG_EVAL_COMMAND gives them
+        CUDA_VISIBLE_DEVICES=${devices:-${CUDA_VISIBLE_DEVICES:-}} $CORAG_EVAL_COMMAND \
+          --config "$CORAG_EVAL_CONFIG" --data "$file" --out-dir "$CORAG_EVAL_OUT_ROOT/$name" \
+          --shard "$part" --num-shards "$CORAG_EVAL_PARTS" ${retriever[@]+"${retriever[@]}"} "$@" \
+          >> "$log" 2>&1 || { status=1; echo "slurm_eval.sh: part $part of $file failed (see $log)" >&2; }
+      done
+      exit "$status"
+    ) &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  exit "$failed"'
+runner=(bash -c "$node_task" slurm-eval-node)
+if [[ -n "${SLURM_JOB_ID:-}" ]]; then
+  runner=(srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 "${runner[@]}")
+fi
+"${runner[@]}" "${data[@]}" -- "$@" || {
+  status=$?
+  echo "slurm_eval.sh: a part failed (see $log_dir/corag-eval-$job-*-part*.log); resubmit to resume" >&2
+  exit "$status"
+}
+if (( parts > 1 )); then
+  for file in "${data[@]}"; do
+    # shellcheck disable=SC2086
+    $command --config "$config" --data "$file" --out-dir "$out_root/$(basename "$file" .jsonl)" \
+      --num-shards "$parts" --merge "$@" > /dev/null
+  done
+fi
 "$python" -m corag.cli results "$out_root"
 echo "slurm_eval.sh: results in $out_root/ (one table: $out_root/results.md)" >&2
