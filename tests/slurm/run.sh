@@ -62,11 +62,17 @@ test "$(cat logs/corag-grpo-*-node*.log | grep -c "processes: 2")" = 1
 grep -q "2 questions a step over 2 processes" logs/corag-grpo-*-node*.log  # the toy's 2, not 2 a process
 test -f runs/grpo/toy/model.safetensors
 
-step "4. evaluation of two question sets through the node's retrieval service"
-sbatch --wait --gpus-per-node=2 --cpus-per-task=1 --mem=4G \
+step "4. evaluation of two question sets over 2 nodes x 2 GPUs, each node searching its own retrieval service"
+sbatch --wait --nodes=2 --gpus-per-node=2 --cpus-per-task=1 --mem=4G \
   evaluation/slurm_eval.sh configs/eval/toy.yaml --serve-index data/index/toy \
-  --data data/toy/test.jsonl --data data/toy/single_hop.jsonl --out-root runs/eval -- --model runs/sft/toy --limit 4
+  --data data/toy/test.jsonl --data data/toy/single_hop.jsonl --out-root runs/eval -- --model runs/sft/toy --limit 6
 cat runs/eval/results.md
 grep -q "| test | greedy:L=2 |" runs/eval/results.md
 grep -q "| single_hop | greedy:L=2 |" runs/eval/results.md
+test "$(grep -c "searches http://127.0.0.1:" corag-eval-*.out)" = 2  # node 0's service and node 1's
+for part in 0 1 2 3; do test -s logs/corag-eval-*-test-part$part.log; done  # 4 engines, each a part of a file
+# the 4 parts merged are what one process writes, to the byte
+corag evaluate --config configs/eval/toy.yaml --model runs/sft/toy --data data/toy/test.jsonl --limit 6 \
+  --out-dir runs/eval-one/test > /dev/null
+cmp runs/eval/test/greedy_L2/predictions.jsonl runs/eval-one/test/greedy_L2/predictions.jsonl
 step "done: the cluster path ran end to end in $work"
