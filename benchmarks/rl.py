@@ -11,8 +11,9 @@ For each seed (a target world of the quickstart's sizes, also the sampling and f
    counted as CPU seconds over torch's threads (`--time_limit_clock cpu`; the round's sampling and its
    SFT subprocess counted alike): the wall time on an idle machine, so that other load on a shared
    machine shortens neither side.
-Each model answers the same held-out questions (50 2-hop, 50 3-hop) with greedy L=3; the table gives EM by
-hops and tokens per question, and for each GRPO run its steps, training reward in the first and last tenth
+Each model answers the same held-out questions (50 2-hop, 50 3-hop) with greedy L=3, and again with
+greedy L=3 ending each chain where the model's own stop reply says so (`stop_bias=0`: the depth a policy
+trained with the stop decision chooses); the table gives EM by hops and tokens per question, and for each GRPO run its steps, training reward in the first and last tenth
 of steps, the share of groups whose chains all scored alike (before and after the replacements of
 dynamic sampling: `zero_spread`, `unfilled`), and its stop rate.
 
@@ -34,6 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EVAL = "greedy:L=3"
+STOP = "greedy:L=3:stop_bias=0"  # the same, each chain ending where the model's own stop reply says Yes
 
 
 def run_seed(seed: int, out: Path, token_cost: bool = True) -> dict:
@@ -102,13 +104,19 @@ def run_seed(seed: int, out: Path, token_cost: bool = True) -> dict:
         (out / "timings.json").write_text(json.dumps(timings))
 
     models = {"sft": sft, "round2": round2, **{name: out / "models" / name for name in runs}}
-    cfg = replace(cfg, evals=[f"{name}={name}@{EVAL}" for name in models])
+    evals = [
+        f"{name}{label}={name}@{spec}" for name in models for label, spec in (("", EVAL), ("_stop", STOP))
+    ]
+    cfg = replace(cfg, evals=evals)
     results = evaluate_all(cfg, out, models, world, corpus, retriever, {})
     row: dict = {
         name: {
             "em_2hop": results[name]["em_by_hops"]["2"],
             "em_3hop": results[name]["em_by_hops"]["3"],
             "tokens_per_question": results[name]["tokens_per_question"],
+            "stop_em_2hop": results[f"{name}_stop"]["em_by_hops"]["2"],
+            "stop_em_3hop": results[f"{name}_stop"]["em_by_hops"]["3"],
+            "stop_tokens_per_question": results[f"{name}_stop"]["tokens_per_question"],
         }
         for name in models
     }
