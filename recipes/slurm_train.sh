@@ -29,8 +29,7 @@
 #
 # Logs: Slurm's own in the submission folder; one per node in logs/ (CORAG_LOG_DIR), named by job id
 # (corag-<recipe>-<job>-node<i>.log, retriever-<job>-node<i>.log), appended on requeue.
-# MAIN_PORT (default 29500 + job id mod 1000) is the rendezvous port on the first node, where the batch
-# shell hosts the rendezvous store (python -m corag.commands.rendezvous_store) until every node is done.
+# MAIN_PORT (default 29500 + job id mod 1000) is the rendezvous port on the first node.
 # CPUs and host memory per node are the cluster's defaults unless given (nodes differ): pass them to
 # sbatch, e.g. --cpus-per-task=64 --mem=512G on nodes of 8 GPUs (8 processes loading an 8B model, the
 # dataloaders, the checkpoint writes; --mem=0 takes all of a node's memory). `corag submit
@@ -81,15 +80,13 @@ port=${MAIN_PORT:-$(( 29500 + ${SLURM_JOB_ID:-0} % 1000 ))}
 log_dir=${CORAG_LOG_DIR:-logs}
 mkdir -p "$log_dir"
 echo "slurm_train.sh: $recipe on $nodes node(s) x $per_node process(es), rendezvous at $head_addr:$port, logs in $log_dir/"
-# The rendezvous store lives in this batch shell, on the first node (where Slurm runs it), until every node
-# has ended; each node only connects to it (is_host=0: said outright, because torch's guess, does the
-# address name this machine?, can be yes on two nodes at once).
-python=${PYTHON:-python}
-"$python" -m corag.commands.rendezvous_store "$port" $$ &
 # One task per node; the first task that fails ends the others (a hung collective would hold every GPU).
-# Ranks follow the order the nodes join: rank 0 may log on any node. Within a task only the training
+# The first task hosts the rendezvous store and the others only connect to it: said outright, because
+# torch's guess (does the address name this machine?) can be yes on two nodes at once, and then whichever
+# starts first takes the port. Ranks follow the order the nodes join: rank 0 may log on any node. Within a task only the training
 # processes act on the warning signal (srun passes it to every process of the task): the rest ignore it.
 export CORAG_SERVE_INDEX=$serve_index CORAG_LOG_DIR=$log_dir
+python=${PYTHON:-python}
 exec "$python" -m corag.commands.requeue \
   srun --kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --open-mode=append \
   --output="$log_dir/corag-$recipe-%j-node%t.log" \
@@ -110,6 +107,6 @@ exec "$python" -m corag.commands.requeue \
     fi
     "$0" launch --config_file "$1" --num_machines "$2" --num_processes "$3" \
       --machine_rank "$SLURM_PROCID" --main_process_ip "$4" --main_process_port "$5" --rdzv_backend c10d \
-      --rdzv_conf is_host=0 "${@:6}" ${retriever[@]+"${retriever[@]}"}' \
+      --rdzv_conf "is_host=$(( SLURM_PROCID == 0 ))" "${@:6}" ${retriever[@]+"${retriever[@]}"}' \
   "${ACCELERATE:-accelerate}" "$accel" "$nodes" "$(( nodes * per_node ))" "$head_addr" "$port" \
   "recipes/$recipe.py" --config "$config" ${args[@]+"${args[@]}"}
