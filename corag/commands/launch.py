@@ -230,6 +230,8 @@ def _run_worker(
     for shard in shards:
         log = log_dir / log_name("sample", f"shard-{shard:05d}", env)
         code = shards_run.run([*command, "--shard", str(shard)], env, log)
+        if code == -WARNING_SIGNAL and shards_run.stopping:
+            code = STOPPED  # the warning came as it exited (Python's own handlers gone): its lines are whole
         if code is None or code == STOPPED:
             halted.append(shard if code == STOPPED else -1 - shard)  # negative: never started
         elif code != 0:

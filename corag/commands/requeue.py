@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     mark.unlink(missing_ok=True)
     env[MARK_ENV] = str(mark.resolve())
     code, warned = run(command, env)
-    stopped = code == STOPPED or mark.exists()
+    # A command the warning reached as it exited (its own handler gone) stopped on it too.
+    stopped = code == STOPPED or (warned and code == -WARNING_SIGNAL) or mark.exists()
     mark.unlink(missing_ok=True)
     if stopped:
         return requeue(env)
