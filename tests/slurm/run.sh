@@ -8,8 +8,9 @@
 #
 # Steps: toy data and index -> sampling array over 2 nodes, each node starting its own retrieval service
 # and waiting for it (--serve-index) -> merge -> build examples -> SFT on 2 nodes x 1 process (gloo)
-# -> GRPO on 2 nodes x 1 process, each node with its own retrieval service -> evaluation of two question sets through the node's service -> one table. Exits non-zero at the first
-# step that fails or leaves the wrong files.
+# -> GRPO on 2 nodes x 1 process, each node with its own retrieval service -> evaluation of two question sets through the node's service -> one table
+# -> a sampling array task warned before its time limit: it saves, requeues itself and its rerun ends
+# with every question once. Exits non-zero at the first step that fails or leaves the wrong files.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-$(mktemp -d -t corag-slurm-XXXXXX)}
@@ -51,6 +52,11 @@ sbatch --wait --nodes=2 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
 # Ranks follow the order the nodes join the rendezvous: the first process may be on either node.
 test "$(cat logs/corag-sft-*-node*.log | grep -c "processes: 2")" = 1
 test -f runs/sft/toy/model.safetensors
+# A clean end: no node's log holds a traceback, an error line or C++ frames (a node that ended after the
+# rendezvous store's host did failed its exit barrier so).
+if grep -E "Traceback|Error|^frame #|Exception raised from" logs/corag-sft-*-node*.log; then
+  echo "tests/slurm/run.sh: a node's log of a finished SFT run holds errors"; exit 1
+fi
 
 step "3b. GRPO on 2 nodes x 1 process, each node searching its own retrieval service"
 sbatch --wait --nodes=2 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
@@ -75,4 +81,27 @@ for part in 0 1 2 3; do test -s logs/corag-eval-*-test-part$part.log; done  # 4 
 corag evaluate --config configs/eval/toy.yaml --model runs/sft/toy --data data/toy/test.jsonl --limit 6 \
   --out-dir runs/eval-one/test > /dev/null
 cmp runs/eval/test/greedy_L2/predictions.jsonl runs/eval-one/test/greedy_L2/predictions.jsonl
+
+step "5. a sampling array task warned before its time limit saves, requeues itself and resumes"
+# Task 0 samples shard 0 of 2 (blocks 0, 2 and 4 of 4 questions each): warned once block 0 is written, it
+# ends after the block in hand, and the task requeues; its rerun (the same task id, its output appended)
+# samples the rest. Blocks are sampled whole, so the chains are step 1's, however sharded or stopped.
+sbatch --wait --array=0-1 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
+  sampling/slurm_array.sh configs/sampling/toy.yaml --serve-index data/index/toy --num-shards 2 \
+  -- --model models/warm --questions data/toy/train.jsonl --corpus data/toy/corpus.jsonl \
+  --out_dir runs/chains/requeue --block_size 4 > submitted.txt &
+array=$!
+until [[ -s runs/chains/requeue/chains-00000-of-00002.jsonl ]]; do
+  kill -0 "$array" 2> /dev/null || { echo "the array ended before it was warned"; exit 1; }
+  sleep 0.2
+done
+job=$(sed -n 's/^Submitted batch job //p' submitted.txt)
+scancel --signal=USR1 --batch "${job}_0"  # what --signal=B:USR1@600 sends 10 minutes before the limit
+wait "$array"
+grep -q "requeueing it (1 of at most 3)" "corag-sample-${job}_0.out"
+grep -q "stopped on the warning signal" "corag-sample-${job}_0.out"
+test "$(grep -c "retrieval service at" "corag-sample-${job}_0.out")" = 2  # the run and its rerun
+corag merge --questions data/toy/train.jsonl --out data/chains/requeue.jsonl \
+  runs/chains/requeue/chains-*-of-00002.jsonl  # every question exactly once, or it fails
+cmp data/chains/requeue.jsonl data/chains/toy.jsonl  # the same chains as the uninterrupted run of step 1
 step "done: the cluster path ran end to end in $work"
