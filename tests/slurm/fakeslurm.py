@@ -5,7 +5,8 @@ gives a job: job and array ids, the node list, the submission folder, GPUs as fa
 "node" of a job is this machine. State (job ids, pids, exit codes) lives in $FAKE_SLURM_DIR.
 
     sbatch [--array=0-3] [--nodes=N] [--gpus-per-node=G | --gpus=G] [--output=PATTERN]
-           [--time=LIMIT] [--signal=[B:]SIG[@SECONDS]] [--wait] SCRIPT [ARGS]
+           [--time=LIMIT] [--signal=[B:]SIG[@SECONDS]] [--dependency=after|afterok|afterany:ID]
+           [--parsable] [--wait] SCRIPT [ARGS]
     srun [--nodes=N] [--ntasks=N] [--output=PATTERN] [--kill-on-bad-exit=1] COMMAND ...
     scontrol show hostnames LIST | scontrol show node NAME | scontrol requeue JOBID
     scancel [--signal=SIG [--batch | --full]] JOBID
@@ -200,8 +201,7 @@ def sbatch(argv: list[str]) -> int:
     if not script.is_file():
         fail(f"Unable to open file {script}", 1)
     options = {**script_options(script), **options}
-    if "--dependency" in options:
-        fail("--dependency is not simulated (run.sh waits for each job with --wait)", 2)
+    depends = dependencies(options.get("--dependency"))
     first = next_job_id()
     submit_dir = os.getcwd()
     tasks = array_ids(options["--array"]) if "--array" in options else [None]
@@ -229,6 +229,7 @@ def sbatch(argv: list[str]) -> int:
             time=options.get("--time"),
             signal=options.get("--signal"),
             options=options,
+            depends=depends,
         )
         subprocess.Popen(
             [
@@ -248,7 +249,7 @@ def sbatch(argv: list[str]) -> int:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-    print(f"Submitted batch job {first}", flush=True)
+    print(first if "--parsable" in options else f"Submitted batch job {first}", flush=True)
     if "--wait" in options:
         codes = [wait_job(j) for j in job_ids]
         return max(codes)
@@ -339,12 +340,48 @@ def step_processes(job_id: int) -> list[int]:
     return pids
 
 
+DEPENDENCY_TYPES = ("after", "afterok", "afterany")
+
+
+def dependencies(spec: str | None) -> list[tuple[str, int]]:
+    """`after:ID[:ID...][,afterok:ID...]` as (type, job id) pairs; other types are refused as sbatch
+    refuses a bad specification."""
+    pairs = []
+    for part in (spec or "").split(",") if spec else []:
+        kind, *ids = part.split(":")
+        if kind not in DEPENDENCY_TYPES or not ids or not all(i.isdigit() for i in ids):
+            fail(f"Invalid dependency specification {spec!r} (simulated: {', '.join(DEPENDENCY_TYPES)})", 1)
+        pairs += [(kind, int(i)) for i in ids]
+    return pairs
+
+
+def wait_dependencies(job_id: int) -> bool:
+    """Hold the job PENDING until its dependencies are met, as Slurm does: `after` once the other job
+    started (or ended), `afterany` once it ended, `afterok` once it ended in COMPLETED. False when one
+    can never be met (an `afterok` job that failed)."""
+    for kind, other in job(job_id).get("depends") or []:
+        while True:
+            state = job(other).get("state")
+            if kind == "after" and state not in (None, "PENDING"):
+                break
+            if state in FINAL_STATES:
+                if kind == "afterok" and state != "COMPLETED":
+                    return False
+                break
+            time.sleep(0.5)
+    return True
+
+
 def run_job(job_id: int, out: str, command: list[str]) -> int:
-    """The job itself: the script with its output appended to `out`, watched for its time limit, its
-    warning signal and requests from scontrol and scancel; run again while it is requeued."""
+    """The job itself: once its dependencies are met, the script with its output appended to `out`,
+    watched for its time limit, its warning signal and requests from scontrol and scancel; run again
+    while it is requeued."""
     import ctypes
 
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of the job stay below it
+    if not wait_dependencies(job_id):
+        record(job_id, state="CANCELLED", exit_code=1)  # Slurm: DependencyNeverSatisfied
+        return 1
     restarts = 0
     while True:
         env = dict(os.environ)

@@ -10,7 +10,8 @@
 # and waiting for it (--serve-index) -> merge -> build examples -> SFT on 2 nodes x 1 process (gloo)
 # -> GRPO on 2 nodes x 1 process, each node with its own retrieval service -> evaluation of two question sets through the node's service -> one table
 # -> a sampling array task warned before its time limit: it saves, requeues itself and its rerun ends
-# with every question once. Exits non-zero at the first step that fails or leaves the wrong files.
+# with every question once -> a retrieval service job of its own and an array that starts after it and
+# finds it through the URL file. Exits non-zero at the first step that fails or leaves the wrong files.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-$(mktemp -d -t corag-slurm-XXXXXX)}
@@ -26,7 +27,7 @@ show_logs() { tail -n 30 logs/* corag-*.out 2>/dev/null || true; }
 trap 'echo "tests/slurm/run.sh: failed; logs:"; show_logs' ERR
 
 step "toy data, index and the shipped warm model"
-corag toyworld --out data/toy --seed 2 --num_entities 60 --num_distractors 15 --train_per_hop 6 \
+corag toyworld --out data/toy --seed 2 --num_entities 60 --num_distractors 15 --train_per_hop 24 \
   --test_per_hop 3 > /dev/null
 corag index data/toy/corpus.jsonl --out data/index/toy --model minilm > /dev/null
 mkdir -p models
@@ -38,7 +39,7 @@ sbatch --wait --array=0-1 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
   -- --model models/warm --questions data/toy/train.jsonl --corpus data/toy/corpus.jsonl \
   --out_dir runs/chains/toy --block_size 4
 grep -q "retrieval service at http://127.0.0.1:" corag-sample-*_0.out corag-sample-*_1.out
-for shard in runs/chains/toy/chains-0000[0-3]-of-00004.jsonl; do test -s "$shard"; done  # 18 questions, 5 blocks
+for shard in runs/chains/toy/chains-0000[0-3]-of-00004.jsonl; do test -s "$shard"; done  # 72 questions, 18 blocks
 
 step "2. merge and build examples"
 corag merge --questions data/toy/train.jsonl --out data/chains/toy.jsonl runs/chains/toy/chains-*-of-00004.jsonl
@@ -83,7 +84,7 @@ corag evaluate --config configs/eval/toy.yaml --model runs/sft/toy --data data/t
 cmp runs/eval/test/greedy_L2/predictions.jsonl runs/eval-one/test/greedy_L2/predictions.jsonl
 
 step "5. a sampling array task warned before its time limit saves, requeues itself and resumes"
-# Task 0 samples shard 0 of 2 (blocks 0, 2 and 4 of 4 questions each): warned once block 0 is written, it
+# Task 0 samples shard 0 of 2 (blocks 0, 2, ..., 16 of 4 questions each): warned once block 0 is written, it
 # ends after the block in hand, and the task requeues; its rerun (the same task id, its output appended)
 # samples the rest. Blocks are sampled whole, so the chains are step 1's, however sharded or stopped.
 sbatch --wait --array=0-1 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
@@ -104,4 +105,15 @@ test "$(grep -c "retrieval service at" "corag-sample-${job}_0.out")" = 2  # the 
 corag merge --questions data/toy/train.jsonl --out data/chains/requeue.jsonl \
   runs/chains/requeue/chains-*-of-00002.jsonl  # every question exactly once, or it fails
 cmp data/chains/requeue.jsonl data/chains/toy.jsonl  # the same chains as the uninterrupted run of step 1
+step "6. a retrieval service job of its own, and the array submitted after it (--dependency=after)"
+port=$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+service=$(PORT=$port sbatch --parsable --gpus=1 --mem=4G sampling/serve_retriever.sh data/index/toy runs/retriever.url)
+sbatch --wait --dependency=after:"$service" --array=0-1 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
+  sampling/slurm_array.sh configs/sampling/toy.yaml --retriever-url-file runs/retriever.url --num-shards 2 \
+  -- --model models/warm --questions data/toy/train.jsonl --corpus data/toy/corpus.jsonl \
+  --out_dir runs/chains/remote --block_size 4
+scancel "$service"
+grep -q "retrieval service at http://.*:$port" corag-sample-*_0.out
+corag merge --questions data/toy/train.jsonl --out data/chains/remote.jsonl runs/chains/remote/chains-*-of-00002.jsonl
+cmp data/chains/remote.jsonl data/chains/toy.jsonl  # the same chains through the service of its own
 step "done: the cluster path ran end to end in $work"
