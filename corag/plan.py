@@ -160,13 +160,27 @@ class Hardware:
     sharding: str | None = None
 
     def describe(self) -> str:
-        parts = [f"{self.nodes} node(s) x {self.gpus} GPU(s) x {self.gpu_memory / GB:g} GB" if self.gpus else
+        parts = [f"{self.nodes} node(s) x {self.gpus} GPU(s) x {self.gpu_memory / GB:.1f} GB" if self.gpus else
                  "a CPU machine"]  # fmt: skip
         if self.host_memory:
             parts.append(f"{self.host_memory / GB:g} GB RAM")
         if self.sharding:
             parts.append(self.sharding)
         return ", ".join(parts)
+
+
+# What nvidia-smi reports as memory.total for the smallest card sold under a nominal size, in MiB: H100
+# 80GB 81,559 (an A100 80GB has 81,920), A100 40GB 40,960, L40S 46,068, A10 23,028 (modal-labs/modal-client
+# PR #2797); H200 143,771 (published nvidia-smi tables). A hardware line's "80 GB" plans on 81,559 MiB,
+# as vLLM's gpu_memory_utilization takes its share of that total.
+CARD_MIB = {80: 81_559, 141: 143_771, 40: 40_960, 48: 46_068, 24: 23_028}
+
+
+def card_memory(text: str) -> float:
+    """Bytes of a GPU named by its size: a nominal "80 GB" as the card reports it, any other size as written."""
+    size = parse_memory(text)
+    nominal = re.fullmatch(r"\s*([0-9]+)\s*GB\s*", text, re.IGNORECASE)
+    return CARD_MIB[int(nominal.group(1))] * 2**20 if nominal and int(nominal.group(1)) in CARD_MIB else size
 
 
 HARDWARE_LINE = re.compile(r"#\s*hardware:\s*(.*)", re.IGNORECASE)
@@ -178,7 +192,7 @@ def parse_hardware(text: str, file: str | None = None) -> Hardware:
     hw = Hardware()
     gpus = re.search(r"(\d+)\s*nodes?\s*x\s*(\d+)\s*GPUs?\s*x\s*([0-9.]+\s*[KMGT]i?B)", text, re.IGNORECASE)
     if gpus:
-        hw.nodes, hw.gpus, hw.gpu_memory = int(gpus.group(1)), int(gpus.group(2)), parse_memory(gpus.group(3))
+        hw.nodes, hw.gpus, hw.gpu_memory = int(gpus.group(1)), int(gpus.group(2)), card_memory(gpus.group(3))
     elif not re.search(r"\bCPU\b", text):
         raise InputError(
             f"expected `N node(s) x G GPUs x 80 GB` or `CPU, 8 GB RAM`, got {text!r}",
@@ -585,7 +599,7 @@ def _plan_grpo(plan: Plan, values: dict[str, Any], service: dict[str, Any] | Non
     items = _trainer_items(plan, values, shape, rows * width)
     plan.notes.append(
         f"GRPO micro-step: {chains} chain(s) per process x up to {rows // chains} sampled generations each "
-        f"(per step a sub-query, a sub-answer and a stop reply, then the final answer; greedy calls give no "
+        f"(per step a sub-query, a sub-answer and a stop decision, then the final answer; greedy calls give no "
         f"row), every row padded to the widest ({width} tokens: a 4096-token message, template and answer, "
         "or the model's context)"
     )
@@ -615,7 +629,7 @@ def _plan_grpo(plan: Plan, values: dict[str, Any], service: dict[str, Any] | Non
 
 def grpo_rows_per_chain(values: dict[str, Any]) -> int:
     """The most rows one chain can give (corag.training.rollout): L sub-queries, L sub-answers, L - 1 stop
-    replies (with learned_stop) and the final answer, of the kinds in `sampled_calls`."""
+    decisions (with learned_stop) and the final answer, of the kinds in `sampled_calls`."""
     length = int(values.get("max_chain_length", 6))
     stops = max(length - 1, 0) if values.get("learned_stop", True) else 0
     counts = {"subquery": length, "subanswer": length, "stop": stops, "final": 1}
@@ -900,7 +914,15 @@ def script_limit(stage: str, root: Path | None = None) -> tuple[float | None, st
 
 def gpu_peak(hw: Hardware) -> tuple[str, float] | None:
     """(name, dense bf16 FLOP/s) of the hardware's GPUs, told by their memory; None when not known."""
-    return GPU_PEAKS.get(round(hw.gpu_memory / GB))
+    return GPU_PEAKS.get(card_size(hw.gpu_memory))
+
+
+def card_size(memory: float) -> int:
+    """A card's nominal size in GB from its memory in bytes: its reported total (CARD_MIB) or a size as written."""
+    for nominal, mib in CARD_MIB.items():
+        if round(memory / 2**20) == mib:
+            return nominal
+    return round(memory / GB)
 
 
 def method_tokens(method: str, settings: dict[str, Any]) -> float | None:
@@ -957,7 +979,7 @@ def estimate_wall_time(
         wall.lines = ["a CPU machine: the figures are for GPUs; measured CPU times in docs/benchmarks.md"]
         return wall
     if gpu_peak(hw) is None:
-        wall.lines = [f"no throughput figure for {hw.gpu_memory / GB:g} GB GPUs (known: 40, 80, 141 GB)"]
+        wall.lines = [f"no throughput figure for {card_size(hw.gpu_memory)} GB GPUs (known: 40, 80, 141 GB)"]
         return wall
     gpus = hw.nodes * hw.gpus
     if stage == "evaluate":
@@ -1074,13 +1096,15 @@ def _wall_grpo(wall: WallTime, values: dict[str, Any], hw: Hardware, gpus: int) 
     chains = int(values.get("num_generations", 8))
     length = int(values.get("max_chain_length", 6))
     stops = max(length - 1, 0) if values.get("learned_stop", True) else 0  # none after the last step
-    per_chain = FINAL_TOKENS + length * STEP_TOKENS + stops * SHORT_CALL_TOKENS
+    per_chain = (
+        FINAL_TOKENS + length * STEP_TOKENS + 2 * stops * SHORT_CALL_TOKENS
+    )  # a decision scores Yes and No
     shape = _trained_model(values)
     rollout, trained = engine_rate(shape, hw) or 0.0, train_rate(shape, hw, values) or 0.0
     total = steps * questions * chains * per_chain
     wall.seconds = total / (rollout * gpus) + total / (trained * gpus)
     wall.lines = [
         f"GRPO: {steps} steps x {questions} questions x {chains} chains x {per_chain:,.0f} tokens (L={length} "
-        f"steps, the final answer and the stop replies) = {total / 1e9:.2f}B tokens, sampled at "
+        f"steps, the final answer and the stop decisions) = {total / 1e9:.2f}B tokens, sampled at "
         f"{rollout:,.0f} and trained at {trained:,.0f} tokens/s per GPU over {gpus} GPUs"
     ]

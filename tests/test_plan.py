@@ -80,7 +80,7 @@ def test_the_old_layout_is_refused_on_8_x_80gb_naming_the_index(old: str, tmp_pa
     with pytest.raises(InputError) as error:
         plan_main(["--config", str(path), "--gpus", "8", "--gpu-memory", "80GB"])
     message = str(error.value)
-    assert "\n" not in message and "dense index shard" in message and "GPU 0" in message
+    assert "\n" not in message and "does not fit: index: " in message and "GPU 0" in message
     assert error.value.field == "index_devices"
 
 
@@ -92,7 +92,7 @@ def test_the_new_sampling_layout_needs_the_smaller_fraction(tmp_path: Path) -> N
     )
     path = tmp_path / "s.yaml"
     path.write_text(text)
-    with pytest.raises(InputError, match="dense index shard"):
+    with pytest.raises(InputError, match="field 'index_devices': does not fit: service: "):
         plan_main(["--config", str(path)])
 
 
@@ -106,7 +106,7 @@ def test_grpo_places_the_trainer_its_colocated_engine_and_the_service_on_every_g
     sizes = {item.name: item.size for item in plan.gpus[3]}
     assert sizes["vLLM engine (vllm_gpu_memory_utilization 0.25: weights + KV cache)"] == 0.25 * 80 * GB
     assert sizes["weights, gradients, Adam states (16 B/parameter, / 8)"] == shape.params * 16 / 8
-    # each step's sub-query, sub-answer and stop reply (none after the last step), then the final answer
+    # each step's sub-query, sub-answer and stop decision (none after the last step), then the final answer
     rows = values["per_device_train_batch_size"] * (3 * values["max_chain_length"] - 1 + 1)
     (activations,) = [size for name, size in sizes.items() if name.startswith("checkpointed activations")]
     assert activations == rows * (4096 + 64 + 128) * shape.hidden * (shape.layers * 2 + 17 * 2)
@@ -146,8 +146,11 @@ def test_gpu_memory_and_hardware_parsing() -> None:
     assert parse_memory("80GiB") == 80 * 2**30
     with pytest.raises(InputError, match="80GB"):
         parse_memory("eighty")
-    hw = parse_hardware("2 nodes x 8 GPUs x 141 GB, zero3")
-    assert (hw.nodes, hw.gpus, hw.gpu_memory, hw.sharding) == (2, 8, 141e9, "zero3")
+    hw = parse_hardware("2 nodes x 8 GPUs x 141 GB, zero3")  # an H200 as nvidia-smi reports it
+    assert (hw.nodes, hw.gpus, hw.gpu_memory, hw.sharding) == (2, 8, 143_771 * 2**20, "zero3")
+    assert parse_hardware("1 node x 8 GPUs x 80 GB").gpu_memory == 81_559 * 2**20  # an H100's 85.5 GB
+    assert parse_hardware("1 node x 8 GPUs x 80 GiB").gpu_memory == 80 * 2**30  # any other size: as written
+    assert parse_hardware("1 node x 8 GPUs x 96 GB").gpu_memory == 96e9
     assert parse_hardware("CPU, 8 GB RAM").host_memory == 8e9
 
 
@@ -254,10 +257,11 @@ def test_sampling_sft_and_grpo_times_follow_their_formulas(tmp_path: Path) -> No
     assert wall.seconds == pytest.approx(tokens / (8 * 989e12 * 0.3 / (8 * params)))
     lora = estimate_wall_time("sft", {**values, "use_peft": True}, hw)  # no weight gradients: 4 + 2 FLOPs
     assert lora.seconds == pytest.approx(tokens / (8 * 989e12 * 0.3 / (6 * params)))
-    # GRPO: steps x questions x chains x (3,000 + L steps + L - 1 stop replies), sampled then trained
+    # GRPO: steps x questions x chains x (3,000 + L steps + L - 1 stop decisions of two 300-token scores),
+    # sampled then trained
     values = {"model_name_or_path": LLAMA, "max_steps": 10, "questions_per_step": 2, "num_generations": 4,
               "max_chain_length": 3, "activation_checkpointing": True}  # fmt: skip
-    tokens = 10 * 2 * 4 * (3000 + 3 * 1142.5 + 2 * 300)
+    tokens = 10 * 2 * 4 * (3000 + 3 * 1142.5 + 2 * 2 * 300)
     wall = estimate_wall_time("grpo", values, hw)
     assert wall.seconds == pytest.approx(
         tokens / (8 * _rate(params)) + tokens / (8 * 989e12 * 0.3 / (8 * params))

@@ -25,6 +25,7 @@ from corag.plan import (
     STAGES,
     Hardware,
     WallTime,
+    card_memory,
     detect_stage,
     estimate_wall_time,
     parse_memory,
@@ -48,7 +49,12 @@ STAGE_CONFIGS: dict[str, str] = {
 class PlanArgs:
     config_file: str = field(metadata={"positional": True, "help": "the stage's config (YAML)"})
     gpus: int | None = field(default=None, metadata={"help": "GPUs per node (default: the config's header)"})
-    gpu_memory: str | None = field(default=None, metadata={"help": "memory of each GPU: 80GB, 141GB, 80GiB"})
+    gpu_memory: str | None = field(
+        default=None,
+        metadata={
+            "help": "memory of each GPU: 80GB, 141GB (the card's reported total: 81,559 and 143,771 MiB), 80GiB"
+        },
+    )
     nodes: int | None = field(default=None, metadata={"help": "nodes (default: the header's, else 1)"})
     host_memory: str | None = field(
         default=None, metadata={"help": "host memory of a node (checked if given)"}
@@ -86,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpus is not None or args.gpu_memory is not None:
         if args.gpus is None or args.gpu_memory is None:
             raise InputError("give --gpus and --gpu-memory together", field="--gpus")
-        hw = Hardware(hw.nodes, args.gpus, parse_memory(args.gpu_memory), hw.host_memory, hw.sharding)
+        hw = Hardware(hw.nodes, args.gpus, card_memory(args.gpu_memory), hw.host_memory, hw.sharding)
     elif header is None:
         raise InputError("no `# hardware:` line: give --gpus and --gpu-memory", file=args.config_file)
     if args.nodes is not None:
