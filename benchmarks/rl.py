@@ -7,19 +7,20 @@ For each seed (a target world of the quickstart's sizes, also the sampling and f
    it on the new chains (the round's wall time is measured).
 3. **GRPO of the same time**: recipes/grpo.py from the SFT model (configs/grpo/toy.yaml) on the same
    training questions, stopped after the step that passes the round's time; then **GRPO of four times it**,
-   and **GRPO of four times it with a token cost** (reward F1 - 0.1 per 1,000 metered tokens). Time is
+   and each of the two **with a token cost** (reward F1 - 0.1 per 1,000 metered tokens). Time is
    counted as CPU seconds over torch's threads (`--time_limit_clock cpu`; the round's sampling and its
    SFT subprocess counted alike): the wall time on an idle machine, so that other load on a shared
    machine shortens neither side.
 Each model answers the same held-out questions (50 2-hop, 50 3-hop) with greedy L=3, and again with
-greedy L=3 ending each chain where the model's own stop reply says so (`stop_bias=0`: the depth a policy
+greedy L=3 ending each chain where the model's own stop decision says so (`stop_bias=0`: the depth a policy
 trained with the stop decision chooses); the table gives EM by hops and tokens per question, and for each GRPO run its steps, training reward in the first and last tenth
 of steps, the share of groups whose chains all scored alike (before and after the replacements of
 dynamic sampling: `zero_spread`, `unfilled`), and its stop rate.
 
-    python benchmarks/rl.py [--seeds 0 1 2] [--out runs/bench-rl] [--token-cost-seeds 0]
+    python benchmarks/rl.py [--seeds 0 1 2] [--out runs/bench-rl] [--runs grpo grpo4 grpo_cost grpo4_cost]
 
-Stages already done in --out are reused. Last line: one JSON object.
+Stages already done in --out are reused. Writes em_tokens.png (EM against tokens per question) to --out.
+Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -35,10 +36,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EVAL = "greedy:L=3"
-STOP = "greedy:L=3:stop_bias=0"  # the same, each chain ending where the model's own stop reply says Yes
+STOP = "greedy:L=3:stop_bias=0"  # the same, each chain ending where its stop decision (Yes likelier than No) says
 
 
-def run_seed(seed: int, out: Path, token_cost: bool = True) -> dict:
+# GRPO runs from the SFT model: times the round's compute, and whether the reward has the token cost.
+RUNS = {"grpo": (1, False), "grpo4": (4, False), "grpo_cost": (1, True), "grpo4_cost": (4, True)}
+
+
+def run_seed(seed: int, out: Path, runs: list[str]) -> dict:
     from corag.config import load_yaml
     from corag.data.corpus import Corpus
     from corag.iterate import run_recipe
@@ -81,13 +86,13 @@ def run_seed(seed: int, out: Path, token_cost: bool = True) -> dict:
         timings["round2_compute_s"] = round(compute_seconds() - start_compute, 1)
         (out / "timings.json").write_text(json.dumps(timings))
 
-    # 3. GRPO from the SFT model for the round's wall time, four times it, and four times it with a token cost.
+    # 3. GRPO from the SFT model for the round's compute time or four times it, with or without a token cost.
     toy = REPO / "configs/grpo/toy.yaml"
     costly = out / "grpo-token-cost.yaml"  # a leading minus would read as a flag on the command line
     costly.write_text(f"base: {toy}\nreward: [f1, -0.1*tokens]\n")
-    runs = {"grpo": (1, toy), "grpo4": (4, toy), **({"grpo4_cost": (4, costly)} if token_cost else {})}
-    for name, (times, config) in runs.items():
-        folder = out / "models" / name
+    for name in runs:
+        times, cost = RUNS[name]
+        config, folder = costly if cost else toy, out / "models" / name
         if (folder / "config.json").exists():
             continue
         args = [
@@ -146,24 +151,44 @@ def unfilled(step: dict, asked: int) -> float:
     return max(0.0, asked - rolled * (1 - step["zero_spread"])) / asked
 
 
+def plot(means: dict[str, dict], path: Path) -> None:
+    """Held-out EM (mean of 2- and 3-hop) against tokens per question, each model at the fixed depth and
+    at its own stop, in the mean over the seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, row in means.items():
+        fixed = (row["tokens_per_question"], (row["em_2hop"] + row["em_3hop"]) / 2)
+        own = (row["stop_tokens_per_question"], (row["stop_em_2hop"] + row["stop_em_3hop"]) / 2)
+        (line,) = ax.plot(*zip(fixed, own, strict=True), ":", alpha=0.5)
+        ax.plot(*fixed, "o", color=line.get_color(), label=f"{name} (L=3; x: own stop)")
+        ax.plot(*own, "x", color=line.get_color())
+    ax.set(xlabel="tokens per question", ylabel="held-out EM, mean of 2- and 3-hop")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/bench-rl")
     parser.add_argument(
-        "--token-cost-seeds", type=int, nargs="*", default=None,
-        help="the seeds that also run GRPO 4x with the token cost (default: every seed)",
+        "--runs", nargs="+", choices=list(RUNS), default=list(RUNS),
+        help="the GRPO runs (grpo: the round's time; 4: four times it; _cost: reward F1 - 0.1 per 1,000 tokens)",
     )  # fmt: skip
     args = parser.parse_args()
-    costly = set(args.seeds if args.token_cost_seeds is None else args.token_cost_seeds)
-    seeds = {seed: run_seed(seed, Path(args.out) / f"seed{seed}", seed in costly) for seed in args.seeds}
+    seeds = {seed: run_seed(seed, Path(args.out) / f"seed{seed}", args.runs) for seed in args.seeds}
     names = dict.fromkeys(name for row in seeds.values() for name, v in row.items() if isinstance(v, dict))
     means = {}
-    for name in names:  # each run's mean over the seeds that ran it
-        rows = [row[name] for row in seeds.values() if name in row]
-        means[name] = {k: round(statistics.fmean(r[k] for r in rows), 2) for k in rows[0]} | {
-            "seeds": len(rows)
-        }
+    for name in names:  # each run's mean over the seeds
+        rows = [row[name] for row in seeds.values()]
+        means[name] = {k: round(statistics.fmean(r[k] for r in rows), 2) for k in rows[0]}
+    plot(means, Path(args.out) / "em_tokens.png")
     for seed, row in seeds.items():
         print(f"seed {seed}: {json.dumps(row)}")
     print(json.dumps({"seeds": seeds, "mean": means}))

@@ -8,15 +8,17 @@ with the model's own tokenizer.
 from __future__ import annotations
 
 import hashlib
+import math
+import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from corag import tasks
 from corag.budget import BudgetExceeded
 from corag.errors import InputError
 from corag.executor import Context
-from corag.lm.base import LM, GenerationRequest, Message, ScoreRequest
+from corag.lm.base import LM, Completion, GenerationRequest, Message, Sample, ScoreRequest
 from corag.prompts import (
     ANSWER_MAX_NEW_TOKENS,
     FINAL_NUM_DOCS,
@@ -33,8 +35,6 @@ from corag.prompts import (
     subquery_messages,
 )
 from corag.types import Example, Passage, Step, Usage
-
-STOP_MAX_NEW_TOKENS = 4  # a sampled stop reply: "Yes" or "No" and the end of the turn, with room to spare
 
 
 @dataclass
@@ -276,15 +276,39 @@ async def should_stop(ctx: Context, query: str, steps: Sequence[Step], task_desc
     return sum(yes.logprobs) + bias > sum(no.logprobs)
 
 
-async def stop_reply(
+async def stop_choice(
     ctx: Context, query: str, steps: Sequence[Step], task_desc: str, temperature: float, seed: int | None
 ) -> bool:
-    """Learned stop as the policy's own reply (reinforcement learning samples it): the stop question
-    answered by a generation; a reply whose first word is `Yes` ends the chain."""
+    """Learned stop as the policy's sampled decision (reinforcement learning samples it): the two answers
+    of `should_stop`, Yes and No, scored as whole turns at `temperature`, and Yes drawn with its share of
+    the two turns' probabilities. Greedy decoding's `should_stop` (bias 0) takes the likelier of the same
+    two turns, so what training samples is what evaluation decides; at temperature 0 this is should_stop.
+
+    With `ctx.trace` kept, the chosen turn enters it as a sampled generation: its prompt's and its own
+    ids, as scored, their log-probabilities at `temperature`, and the tokens both scores cost.
+    """
+    if temperature <= 0:
+        return await should_stop(ctx, query, steps, task_desc, 0.0)
     messages = stop_messages(query, steps, task_desc, tok=ctx.lm)
-    request = _generation(ctx.lm, messages, STOP_MAX_NEW_TOKENS, temperature=temperature, seed=seed)
-    reply = (await ctx.generate(request)).texts[0].split()
-    return bool(reply) and reply[0].strip(".,!").lower() == STOP_YES.lower()
+    yes_request, no_request = (
+        replace(scoring_request(ctx.lm, messages, target), temperature=temperature)
+        for target in (STOP_YES, STOP_NO)
+    )
+    yes, no = await ctx.gather(ctx.score(yes_request), ctx.score(no_request))
+    p_yes = 1.0 / (1.0 + math.exp(min(sum(no.logprobs) - sum(yes.logprobs), 700.0)))  # 700: exp's range
+    stop = random.Random(seed).random() < p_yes
+    if ctx.trace is not None:
+        chosen, text = (yes, STOP_YES) if stop else (no, STOP_NO)
+        if not chosen.token_ids:
+            raise InputError(
+                "this backend does not return the scored ids a trained stop decision needs", field="lm"
+            )
+        sample = Sample(chosen.prompt_ids, chosen.token_ids, chosen.logprobs)
+        request = GenerationRequest(
+            yes_request.messages, len(chosen.token_ids), temperature=temperature, seed=seed, logprobs=True
+        )
+        ctx.trace.append((request, Completion((text,), yes.usage + no.usage, (sample,))))  # what it cost
+    return stop
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ sub-answers with their documents, seeds, post-processing and the final answer's 
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -84,6 +85,23 @@ def test_should_stop_compares_yes_plus_bias_with_no(lm):
         )
         assert decision is expected
         assert ctx.meter.usage.calls == 2
+
+
+def test_the_sampled_stop_draws_yes_with_its_share_of_the_two_turns(lm):
+    """stop_choice (reinforcement learning's stop) draws from the distribution should_stop (bias 0) takes
+    the likelier side of: at temperature 0 it is should_stop; at T, Yes comes with probability
+    P_T(Yes) / (P_T(Yes) + P_T(No)), the two turns scored at T."""
+    task, heat = "answer multi-hop questions", 3.0
+    greedy, _ = one(lm, lambda ctx: chain.stop_choice(ctx, QUERY, STEPS, task, 0.0, 1))
+    assert greedy is one(lm, lambda ctx: chain.should_stop(ctx, QUERY, STEPS, task, 0.0))[0]
+    messages = tuple(stop_messages(QUERY, STEPS, task))
+    yes, no = lm.score([ScoreRequest(messages, "Yes", heat), ScoreRequest(messages, "No", heat)])
+    p_yes = 1 / (1 + math.exp(sum(no.logprobs) - sum(yes.logprobs)))
+    n = 400
+    ex = Executor(lm, None)
+    draws = ex.run([chain.stop_choice(ex.context(), QUERY, STEPS, task, heat, seed) for seed in range(n)])
+    assert 0.02 < p_yes < 0.98  # a decision with both sides in play
+    assert abs(sum(draws) / n - p_yes) < 4 * math.sqrt(p_yes * (1 - p_yes) / n) + 1e-9
 
 
 def test_subanswer_searches_reads_and_returns_a_step_with_doc_ids(lm, toy_world):

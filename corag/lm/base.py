@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from corag.errors import InputError
 from corag.types import Usage
 
 Message = dict[str, str]  # {"role": "user" | "assistant" | "system", "content": "..."}
@@ -62,22 +63,38 @@ class Completion:
 
 @dataclass(frozen=True)
 class ScoreRequest:
-    """Score `target` as the assistant turn that follows `messages`."""
+    """Score `target` as the assistant turn that follows `messages`, under the model's distribution with
+    its logits divided by `temperature` (1: the model's own)."""
 
     messages: tuple[Message, ...]
     target: str
+    temperature: float = 1.0
 
 
 @dataclass(frozen=True)
 class Score:
-    """Log-probabilities of the target's tokens: its content and the end-of-turn token."""
+    """Log-probabilities of the target's tokens: its content and the end-of-turn token; where the backend
+    renders token ids itself, also the ids scored: the prompt's and the target's (`token_ids`, one per
+    log-probability)."""
 
     logprobs: tuple[float, ...]
     usage: Usage
+    prompt_ids: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] = ()
 
     @property
     def mean(self) -> float:
         return sum(self.logprobs) / len(self.logprobs)
+
+
+def check_model_temperature(requests: Sequence[ScoreRequest], backend: str) -> None:
+    """Refuse scoring at a temperature other than 1 where the backend reads the model's own log-probabilities
+    (prompt log-probabilities come before any sampling parameter)."""
+    for request in requests:
+        if request.temperature != 1.0:
+            raise InputError(
+                f"{backend} scores at temperature 1 only, got {request.temperature}", field="temperature"
+            )
 
 
 class LM(Protocol):

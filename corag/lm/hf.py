@@ -305,14 +305,20 @@ class HFLM(CountingLM):
                 raise context_error(len(ids), self.max_context)
         results: list[Score | None] = [None] * len(requests)
         for chunk in self._batches([(len(ids), 0) for ids, _ in rendered]):
-            for i, logprobs in zip(chunk, self._score_batch([rendered[i] for i in chunk]), strict=True):
-                results[i] = Score(tuple(logprobs), Usage(len(rendered[i][0]), 0, 1))
+            heat = [requests[i].temperature for i in chunk]
+            for i, logprobs in zip(chunk, self._score_batch([rendered[i] for i in chunk], heat), strict=True):
+                ids, start = rendered[i]
+                results[i] = Score(
+                    tuple(logprobs), Usage(len(ids), 0, 1), tuple(ids[:start]), tuple(ids[start:])
+                )
         return results
 
     @torch.inference_mode()
-    def _score_batch(self, rendered: list[tuple[tuple[int, ...], int]]) -> list[list[float]]:
-        """One left-padded forward pass; the scored tokens end every row, so only the last positions'
-        logits are computed."""
+    def _score_batch(
+        self, rendered: list[tuple[tuple[int, ...], int]], temperatures: list[float]
+    ) -> list[list[float]]:
+        """One left-padded forward pass, each row's logits divided by its temperature; the scored tokens end
+        every row, so only the last positions' logits are computed."""
         width = max(len(ids) for ids, _ in rendered)
         keep = max(len(ids) - start for ids, start in rendered) + 1
         input_ids = torch.tensor(
@@ -325,7 +331,8 @@ class HFLM(CountingLM):
         out = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep
         )
-        logprobs = out.logits[:, :-1, :].float().log_softmax(-1)  # position p predicts token p + 1
+        heat = torch.tensor(temperatures, device=self.device, dtype=torch.float32)[:, None, None]
+        logprobs = (out.logits[:, :-1, :].float() / heat).log_softmax(-1)  # position p predicts token p + 1
         targets = input_ids[:, width - keep + 1 :]
         picked = logprobs.gather(-1, targets[..., None])[..., 0].cpu()
         return [

@@ -29,7 +29,14 @@ import httpx
 from transformers import AutoConfig, AutoTokenizer
 
 from corag.errors import InputError
-from corag.lm.base import SYSTEM_DEFAULT, Completion, GenerationRequest, Score, ScoreRequest
+from corag.lm.base import (
+    SYSTEM_DEFAULT,
+    Completion,
+    GenerationRequest,
+    Score,
+    ScoreRequest,
+    check_model_temperature,
+)
 from corag.lm.hf import completion_text, context_error, sample_seed, stop_index
 from corag.lm.render import ChatRenderer, CountingLM
 from corag.types import Usage
@@ -157,6 +164,7 @@ class OpenAILM(CountingLM):
     def score(self, requests: Sequence[ScoreRequest]) -> list[Score]:
         """Log-probabilities of each target's tokens (content and end-of-turn) after its messages,
         from the server's prompt log-probabilities over prompt plus target."""
+        check_model_temperature(requests, "an OpenAI-compatible server")
         rendered = [self.renderer.scored_ids(r.messages, r.target) for r in requests]
         for ids, _ in rendered:
             if len(ids) >= self.max_context:  # room for the one token the server generates
@@ -165,7 +173,9 @@ class OpenAILM(CountingLM):
         scores = []
         for (ids, start), answer in zip(rendered, answers, strict=True):
             logprobs = _prompt_logprobs(answer["choices"][0], ids)
-            scores.append(Score(tuple(logprobs[start:]), Usage(len(ids), 0, 1)))
+            scores.append(
+                Score(tuple(logprobs[start:]), Usage(len(ids), 0, 1), tuple(ids[:start]), tuple(ids[start:]))
+            )
         return scores
 
     def _score_body(self, ids: Sequence[int]) -> dict:

@@ -16,7 +16,15 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from corag.lm.base import SYSTEM_DEFAULT, Completion, GenerationRequest, Sample, Score, ScoreRequest
+from corag.lm.base import (
+    SYSTEM_DEFAULT,
+    Completion,
+    GenerationRequest,
+    Sample,
+    Score,
+    ScoreRequest,
+    check_model_temperature,
+)
 from corag.lm.hf import completion_text, context_error, sample_seed
 from corag.lm.render import ChatRenderer, CountingLM
 from corag.types import Usage
@@ -184,6 +192,7 @@ class VLLMLM(CountingLM):
         """Each request's ids (messages and target) with the target's start, and the engine parameters."""
         from vllm import SamplingParams
 
+        check_model_temperature(requests, "vLLM")
         rendered = [self.renderer.scored_ids(r.messages, r.target) for r in requests]
         for ids, _ in rendered:
             # vLLM needs room for the one token it generates after the scored prompt.
@@ -198,7 +207,7 @@ class VLLMLM(CountingLM):
         scores = []
         for (ids, start), output in zip(rendered, outputs, strict=True):
             logprobs = tuple(output.prompt_logprobs[p][ids[p]].logprob for p in range(start, len(ids)))
-            scores.append(Score(logprobs, Usage(len(ids), 0, 1)))
+            scores.append(Score(logprobs, Usage(len(ids), 0, 1), tuple(ids[:start]), tuple(ids[start:])))
         return scores
 
 

@@ -2,8 +2,9 @@
 
 For each training question, a group of G chains is drawn from the current policy through the executor
 and the retriever, in the released prompt formats: a sub-query (call A), searched; a sub-answer over its
-top-5 documents (call B); after each step but the last, the learned-stop question answered by the policy
-itself (a reply starting `Yes` ends the chain); at the end, the final answer over the question's top-20
+top-5 documents (call B); after each step but the last, the learned-stop decision drawn from the policy
+(its Yes and No turns scored, Yes drawn with its share: corag.chain.stop_choice, the decision greedy
+decoding's `stop_bias=0` takes); at the end, the final answer over the question's top-20
 documents (call C). A repeated sub-query also ends the chain (nothing new would be found).
 
 - **Sampled calls**: every call kind in `sampled_calls` (default all four) is sampled at the trainer's
@@ -35,7 +36,7 @@ from corag.chain import (
     finish,
     next_subquery,
     open_question,
-    stop_reply,
+    stop_choice,
     subanswer,
 )
 from corag.errors import InputError
@@ -147,7 +148,9 @@ async def rollout_chain(
         traced("subanswer")
         steps.append(step)
         if config.learned_stop and len(steps) < config.max_chain_length:
-            stopped = await stop_reply(ctx, question.query, steps, question.task_desc, heat["stop"], seed + 2)
+            stopped = await stop_choice(
+                ctx, question.query, steps, question.task_desc, heat["stop"], seed + 2
+            )
             traced("stop")
     extras = {"chain": chain, "stopped": stopped}
     seed = call_seed(question.id, chain, len(steps), 1)

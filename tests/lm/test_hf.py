@@ -98,8 +98,19 @@ def test_score_equals_log_softmax_of_a_plain_forward(lm: HFLM, reference) -> Non
         expected = [logprobs[p - 1, ids[p]].item() for p in positions]
         assert len(score.logprobs) == len(expected) == len(tokenizer.encode(request.target)) + 1
         assert score.logprobs == pytest.approx(expected, abs=1e-4)
+        assert score.prompt_ids + score.token_ids == tuple(ids[: positions[-1] + 1])
+        assert len(score.token_ids) == len(score.logprobs)
         assert score.usage.prompt_tokens == positions[-1] + 1 == lm.count_score_tokens(request)
         assert (score.usage.completion_tokens, score.usage.calls) == (0, 1)
+    # At a temperature, the logits are divided by it first (the learned stop's sampled decision).
+    (hot,) = lm.score([ScoreRequest(requests[0].messages, requests[0].target, 2.0)])
+    ids = hot.prompt_ids + hot.token_ids
+    with torch.no_grad():
+        logprobs = (model(torch.tensor([ids])).logits[0] / 2.0).log_softmax(-1)
+    start = len(hot.prompt_ids)
+    assert hot.logprobs == pytest.approx(
+        [logprobs[p - 1, ids[p]].item() for p in range(start, len(ids))], abs=1e-4
+    )
 
 
 def test_greedy_equals_transformers_generate(lm: HFLM, reference) -> None:

@@ -140,6 +140,9 @@ def test_greedy_texts_usage_and_scores_equal_the_transformers_backend(servers, h
         for a, b in zip(lm.score(scored), hf.score(scored), strict=True):
             assert a.usage == b.usage
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+            assert (a.prompt_ids, a.token_ids) == (b.prompt_ids, b.token_ids)
+    with pytest.raises(InputError, match="temperature 1 only, got 0.7"):
+        lm.score([ScoreRequest(PROMPTS[0], "Yes", 0.7)])
     for m in PROMPTS:
         assert lm.count_prompt_tokens(m) == hf.count_prompt_tokens(m)
 

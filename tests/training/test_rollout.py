@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,9 +16,8 @@ from corag.data.corpus import Corpus
 from corag.errors import InputError
 from corag.executor import Executor
 from corag.lm import load_lm
-from corag.lm.base import Completion, WrappedLM
+from corag.lm.base import WrappedLM
 from corag.metrics import answer_scores
-from corag.prompts import STOP_YES
 from corag.retrieval.bm25 import BM25Retriever
 from corag.training.rewards import parse_terms, total_reward
 from corag.training.rollout import RolloutConfig, chain_rows, group_advantages, rollout, zero_spread
@@ -102,15 +102,14 @@ def test_a_greedy_call_stays_in_the_chain_but_gives_no_row(setup):
         assert len(rows) == len(chain.trace) - len(greedy)
 
 
-class StopsOddChains(WrappedLM):
-    """The tiny model, except that its reply to the stop question is Yes in odd-numbered chains (a
-    control-flow stand-in for a policy that has learned to stop)."""
+class EvenStopOdds(WrappedLM):
+    """The tiny model, except that its Yes and No turns to the stop question are equally likely (a
+    control-flow stand-in for a policy unsure when to stop): each decision stops with probability 1/2."""
 
-    def generate(self, requests):
-        completions = self.lm.generate(requests)
+    def score(self, requests):
         return [
-            Completion((STOP_YES,), c.usage, c.samples) if is_stop(r) and r.seed % 2 else c
-            for r, c in zip(requests, completions, strict=True)
+            replace(s, logprobs=(0.0,) * (len(s.logprobs) - 1) + (-0.7,)) if is_stop(r) else s
+            for r, s in zip(requests, self.lm.score(requests), strict=True)
         ]
 
 
@@ -119,7 +118,7 @@ def is_stop(request) -> bool:
 
 
 def test_the_policy_chooses_its_depth(setup):
-    groups = run(setup, lm=StopsOddChains(setup[0]), max_chain_length=3)
+    groups = run(setup, lm=EvenStopOdds(setup[0]), max_chain_length=3)
     lengths = [[len(c.result.steps) for c in g] for g in groups]
     assert any(len(set(group)) > 1 for group in lengths)  # chains of one group end at different depths
     for chain in (c for g in groups for c in g):
@@ -127,7 +126,13 @@ def test_the_policy_chooses_its_depth(setup):
         assert len(stops) == min(len(chain.result.steps), 2)  # asked after each step but the last
         if len(chain.result.steps) < 3:
             assert chain.stopped
-    fixed = run(setup, lm=StopsOddChains(setup[0]), max_chain_length=3, learned_stop=False)
+        decisions = [
+            c.texts[0] for (_, c), kind in zip(chain.trace, chain.calls, strict=True) if kind == "stop"
+        ]
+        assert "Yes" not in decisions[:-1]  # a Yes ends the chain there
+        if decisions[-1:] == ["Yes"]:
+            assert chain.stopped and len(chain.result.steps) == len(decisions)
+    fixed = run(setup, lm=EvenStopOdds(setup[0]), max_chain_length=3, learned_stop=False)
     assert all("stop" not in c.calls for g in fixed for c in g)
 
 
