@@ -7,7 +7,7 @@ For each seed (a target world of the quickstart's sizes, also the sampling and f
    it on the new chains (the round's wall time is measured).
 3. **GRPO of the same time**: recipes/grpo.py from the SFT model (configs/grpo/toy.yaml) on the same
    training questions, stopped after the step that passes the round's time; then **GRPO of four times it**,
-   and each of the two **with a token cost** (reward F1 - 0.1 per 1,000 metered tokens). Time is
+   and each of the two **with a token cost** (reward F1 - 0.1 or - 0.02 per 1,000 metered tokens). Time is
    counted as CPU seconds over torch's threads (`--time_limit_clock cpu`; the round's sampling and its
    SFT subprocess counted alike): the wall time on an idle machine, so that other load on a shared
    machine shortens neither side.
@@ -17,7 +17,7 @@ trained with the stop decision chooses); the table gives EM by hops and tokens p
 of steps, the share of groups whose chains all scored alike (before and after the replacements of
 dynamic sampling: `zero_spread`, `unfilled`), and its stop rate.
 
-    python benchmarks/rl.py [--seeds 0 1 2] [--out runs/bench-rl] [--runs grpo grpo4 grpo_cost grpo4_cost]
+    python benchmarks/rl.py [--seeds 0 1 2] [--out runs/bench-rl] [--runs grpo grpo4 grpo_cost ...]
 
 Stages already done in --out are reused. Writes em_tokens.png (EM against tokens per question) to --out.
 Last line: one JSON object.
@@ -39,8 +39,12 @@ EVAL = "greedy:L=3"
 STOP = "greedy:L=3:stop_bias=0"  # the same, each chain ending where its stop decision (Yes likelier than No) says
 
 
-# GRPO runs from the SFT model: times the round's compute, and whether the reward has the token cost.
-RUNS = {"grpo": (1, False), "grpo4": (4, False), "grpo_cost": (1, True), "grpo4_cost": (4, True)}
+# GRPO runs from the SFT model: times the round's compute, and the token cost (reward points per 1,000
+# metered tokens taken off F1).
+RUNS = {
+    "grpo": (1, 0.0), "grpo4": (4, 0.0), "grpo_cost": (1, 0.1), "grpo_lowcost": (1, 0.02),
+    "grpo4_cost": (4, 0.1), "grpo4_lowcost": (4, 0.02),
+}  # fmt: skip
 
 
 def run_seed(seed: int, out: Path, runs: list[str]) -> dict:
@@ -88,11 +92,12 @@ def run_seed(seed: int, out: Path, runs: list[str]) -> dict:
 
     # 3. GRPO from the SFT model for the round's compute time or four times it, with or without a token cost.
     toy = REPO / "configs/grpo/toy.yaml"
-    costly = out / "grpo-token-cost.yaml"  # a leading minus would read as a flag on the command line
-    costly.write_text(f"base: {toy}\nreward: [f1, -0.1*tokens]\n")
     for name in runs:
         times, cost = RUNS[name]
-        config, folder = costly if cost else toy, out / "models" / name
+        config, folder = toy, out / "models" / name
+        if cost:  # in a config file: a leading minus would read as a flag on the command line
+            config = out / f"grpo-token-cost-{cost}.yaml"
+            config.write_text(f"base: {toy}\nreward: [f1, -{cost}*tokens]\n")
         if (folder / "config.json").exists():
             continue
         args = [
@@ -179,7 +184,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench-rl")
     parser.add_argument(
         "--runs", nargs="+", choices=list(RUNS), default=list(RUNS),
-        help="the GRPO runs (grpo: the round's time; 4: four times it; _cost: reward F1 - 0.1 per 1,000 tokens)",
+        help="the GRPO runs (grpo: the round's time; 4: four times it; _cost, _lowcost: reward F1 - 0.1, "
+        "- 0.02 per 1,000 tokens)",
     )  # fmt: skip
     args = parser.parse_args()
     seeds = {seed: run_seed(seed, Path(args.out) / f"seed{seed}", args.runs) for seed in args.seeds}
