@@ -160,6 +160,18 @@ def check_trainer_settings(args: Any) -> None:
     check_whole_groups(args.per_device_train_batch_size, args.steps_per_generation, args.num_generations)
 
 
+def check_stop_on_vllm(args: Any, config: RolloutConfig) -> None:
+    """A sampled stop decision scores its two turns at the rollout temperature, which vLLM's prompt
+    log-probabilities (the model's own) cannot give: on vLLM it needs temperature 1."""
+    sampled_stop = config.learned_stop and "stop" in config.sampled_calls and config.max_chain_length > 1
+    if args.use_vllm and sampled_stop and args.temperature != 1.0:
+        raise InputError(
+            f"on vLLM the sampled stop decision is scored at temperature 1, got {args.temperature}: set "
+            "temperature: 1.0, or decide the stop greedily (leave stop out of sampled_calls)",
+            field="temperature",
+        )
+
+
 PER_TOKEN = (
     "completion_ids",
     "completion_mask",
@@ -232,6 +244,7 @@ class ChainGRPOTrainer(GRPOTrainer):
 
         rollout_config.check()
         check_trainer_settings(kwargs["args"])
+        check_stop_on_vllm(kwargs["args"], rollout_config)
         held = HeldOut(held_out, held_out_method, corpus, retriever) if held_out else None
         self.questions = {q.id: q for q in questions}
         self.corpus, self.retriever, self.rollout_config = corpus, retriever, rollout_config

@@ -23,6 +23,7 @@ from corag.retrieval.bm25 import BM25Retriever
 from corag.training.grpo import (
     ChainGRPOTrainer,
     TrlVersionError,
+    check_stop_on_vllm,
     check_trainer_settings,
     check_trl,
     check_whole_groups,
@@ -193,7 +194,9 @@ def test_the_bound_on_extra_questions_holds(world, short_model_dir, tmp_path, ca
     assert "max_extra_questions" in caplog.text
     trainer.log_groups(kept, rolled, 1, 0, "train")
     metrics = trainer._metrics["train"]
-    assert metrics["zero_spread"][-1] == metrics["unfilled"][-1] == 1.0  # the step's one question trains nothing
+    assert (
+        metrics["zero_spread"][-1] == metrics["unfilled"][-1] == 1.0
+    )  # the step's one question trains nothing
     assert metrics["extra_questions"][-1] == 2.0
     none = make(
         world, short_model_dir, tmp_path / "none", max_steps=1, trainer_class=Flat, max_extra_questions=0
@@ -338,6 +341,12 @@ def test_vllm_rollouts_take_the_colocated_engine_and_refuse_what_they_cannot_car
         with pytest.raises(InputError) as error:
             check_trainer_settings(settings(**change))
         assert error.value.field == field and "\n" not in str(error.value)
+    # vLLM scores at temperature 1 only, so a sampled stop decision needs the rollouts at 1
+    check_stop_on_vllm(settings(temperature=1.0), RolloutConfig(max_chain_length=3))
+    check_stop_on_vllm(settings(temperature=0.7), RolloutConfig(max_chain_length=3, sampled_calls=["final"]))
+    with pytest.raises(InputError, match="scored at temperature 1, got 0.7") as error:
+        check_stop_on_vllm(settings(temperature=0.7), RolloutConfig(max_chain_length=3))
+    assert error.value.field == "temperature"
 
 
 @pytest.mark.slow
