@@ -21,7 +21,7 @@ import itertools
 import json
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from corag.metrics import (
     reciprocal_rank_fusion,
 )
 from corag.scaling import plot_scaling, write_table
+from corag.slurm import StopRequest
 from corag.tasks import RULES, get_task, task_description
 from corag.types import Example
 
@@ -185,11 +186,16 @@ def run_method(
     progress: bool = True,
     extra_kwargs: dict[str, Any] | None = None,
     executor: str = "stepped",
-) -> list[dict[str, Any]]:
+    stop: StopRequest | None = None,
+) -> list[dict[str, Any]] | None:
     """Predict every question not yet in `out_path`, appending records as questions finish (a re-run
     resumes); `executor` is a name in corag.executor.EXECUTORS. Once every question is answered the
     file is rewritten in question order, so that it does not depend on which question finished first
-    (and the parts of a split run join into the same bytes). Returns every question's record."""
+    (and the parts of a split run join into the same bytes). Returns every question's record.
+
+    Once `stop` is set (Slurm's warning before the time limit), the run ends after the record in hand:
+    no question starts, those in flight are abandoned, the file holds whole lines, and None is returned
+    while questions are left (a rerun answers them)."""
     strategy = methods()[run.method]
     kwargs = {**(extra_kwargs or {}), **run.kwargs}
     done = done_ids(out_path)
@@ -198,15 +204,34 @@ def run_method(
         return read_predictions(out_path, examples, require_all=True)
     with JsonlAppender(out_path) as out:
         runner = EXECUTORS[executor](lm, retriever, max_active=max_active)
-        coros = (strategy(runner.context(budget), e, corpus=corpus, **kwargs) for e in todo)
+        coros = (
+            unless_stopped(strategy(runner.context(budget), e, corpus=corpus, **kwargs), stop) for e in todo
+        )
         bar = tqdm(total=len(todo), desc=run.name, unit="q", disable=not progress, file=sys.stderr)
-        for _, result in runner.stream(coros):
-            out.append({**as_record(result), "run": run.name})
-            bar.update(1)
-        bar.close()
+        stream = runner.stream(coros)
+        try:
+            for _, result in stream:
+                if result is not None:
+                    out.append({**as_record(result), "run": run.name})
+                    bar.update(1)
+                if stop is not None and stop.received:
+                    break
+        finally:
+            stream.close()
+            bar.close()
+    if stop is not None and stop.received and unanswered(out_path, examples):
+        return None
     records = read_predictions(out_path, examples, require_all=True)
     write_jsonl(out_path, records)  # type: ignore[arg-type]  # every record is there (require_all)
     return records
+
+
+async def unless_stopped(coro: Coroutine[Any, Any, Any], stop: StopRequest | None) -> Any:
+    """`coro`'s result, or None without running it once `stop` is set (a question not started)."""
+    if stop is not None and stop.received:
+        coro.close()
+        return None
+    return await coro
 
 
 # Parts of a run ---------------------------------------------------------------------------------------

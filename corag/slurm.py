@@ -3,13 +3,13 @@ node, against the nodes `sinfo` lists. sbatch accepts a job that asks more CPUs,
 than any node of its partition has, and the job then waits for good (Reason=PartitionConfig).
 
 And jobs that outlive their time limit (the end of this module). Slurm sends SIGUSR1 some minutes before a
-job's limit (`#SBATCH --signal=B:USR1@SECONDS`). A long program (a sampling shard, a training process)
-installs `StopRequest`, finishes the unit of work in hand (a block of questions, an optimizer step),
-saves it, and returns `stopped(...)`: exit status 75 and, where the job's batch shell asks for it
-(CORAG_REQUEUE_FILE, set by `python -m corag.commands.requeue`), a mark file on the shared file system
-that says the same where a launcher does not pass the status on (torchelastic reports a worker's
-non-zero status as a failure). The batch shell then requeues the job, and the rerun resumes from what
-was saved."""
+job's limit (`#SBATCH --signal=B:USR1@SECONDS`). A long program (a sampling shard, an evaluation, a
+training process) installs `StopRequest`, finishes the unit of work in hand (a block of questions, a
+question, an optimizer step), saves it, and returns `stopped(...)`: exit status 75 and, where the job's
+batch shell asks for it (CORAG_REQUEUE_FILE, set by `python -m corag.commands.requeue`), a mark file on
+the shared file system that says the same where a launcher does not pass the status on (torchelastic
+reports a worker's non-zero status as a failure). The batch shell then requeues the job, and the rerun
+resumes from what was saved."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ import re
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -291,6 +292,18 @@ class StopRequest:
 
     def _receive(self, signum: int, frame: object) -> None:
         self.received = True
+
+
+@contextmanager
+def warning_held() -> Iterator[None]:
+    """Hold the warning signal back in this thread while the block runs (one that comes is taken after
+    it): processes started meanwhile, such as an inference engine's, inherit it blocked and never act on
+    it, where srun passes it to every process of a task."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {WARNING_SIGNAL})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def stopped(what: str) -> int:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 
 from corag.cli import main as cli_main
 from corag.data.corpus import Corpus
 from corag.data.formats import load_examples
-from corag.data.jsonl import write_jsonl
+from corag.data.jsonl import JsonlAppender, write_jsonl
 from corag.errors import InputError
 from corag.evaluation import (
     Run,
@@ -23,6 +25,7 @@ from corag.evaluation import (
 from corag.kilt import validate_submission, write_kilt_submission
 from corag.lm import load_lm
 from corag.retrieval.bm25 import BM25Retriever
+from corag.slurm import StopRequest
 from corag.types import Example
 
 
@@ -117,6 +120,103 @@ def test_an_interrupted_evaluation_resumes_where_it_stopped(toy_world, toy_dir, 
     resumed = run_method(run, examples, lm, retriever, corpus, cut, progress=False, executor="async")
     assert resumed == full
     assert len((tmp_path / "cut.jsonl").read_text().splitlines()) == len(examples)
+
+
+class StopAfter(JsonlAppender):
+    """A predictions file that sets `stop` (Slurm's warning) once it holds `lines` new records."""
+
+    stop = StopRequest()
+    lines = 2
+
+    def append(self, record) -> None:
+        super().append(record)
+        StopAfter.lines -= 1
+        if StopAfter.lines == 0:
+            StopAfter.stop.received = True
+
+
+def test_a_warning_mid_run_stops_after_whole_questions_and_a_rerun_answers_the_rest(
+    toy_world, toy_dir, short_model_dir, tmp_path, monkeypatch
+):
+    examples = toy_world.test[:5]
+    lm = load_lm(short_model_dir)
+    retriever = BM25Retriever.from_passages(list(toy_world.passages))
+    corpus = Corpus.load(toy_dir / "corpus.jsonl")
+    run = Run("greedy", (("max_steps", 1),))
+    full = run_method(run, examples, lm, retriever, corpus, tmp_path / "full.jsonl", progress=False)
+    warned = tmp_path / "warned.jsonl"
+    monkeypatch.setattr("corag.evaluation.JsonlAppender", StopAfter)
+    stop = StopAfter.stop
+    # Two questions in flight at a time: the warning comes with the second record, and the one in flight
+    # is abandoned; the file holds the two whole lines.
+    kept = run_method(run, examples, lm, retriever, corpus, warned, progress=False, max_active=2, stop=stop)
+    assert kept is None
+    lines = warned.read_text().splitlines(keepends=True)
+    assert len(lines) == 2 and all(line.endswith("}\n") for line in lines)
+    # Warned before it starts: no question is answered.
+    assert run_method(run, examples, lm, retriever, corpus, warned, progress=False, stop=stop) is None
+    assert warned.read_text().splitlines(keepends=True) == lines
+    stop.received = False
+    resumed = run_method(run, examples, lm, retriever, corpus, warned, progress=False, stop=stop)
+    assert resumed == full
+    ids = [json.loads(line)["query_id"] for line in warned.read_text().splitlines()]
+    assert ids == [e.id for e in examples]  # every question once, in question order
+    assert warned.read_bytes() == (tmp_path / "full.jsonl").read_bytes()
+
+
+@pytest.fixture
+def warning_handler():
+    """`corag evaluate` installs its handler for Slurm's warning signal: the test's own is put back."""
+    previous = signal.getsignal(signal.SIGUSR1)
+    yield
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_part_warned_mid_run_exits_stopped_and_its_rerun_merges_into_the_one_process_files(
+    toy_world, toy_dir, short_model_dir, tmp_path, capsys, monkeypatch, warning_handler
+):
+    """SIGUSR1 (Slurm's warning, passed on by srun) reaches `corag evaluate --shard`: the part ends after
+    the question in hand with status 75 (stopped), whole lines and no metrics for the unfinished run, and
+    the later run not started; the merge refuses it; run again, it resumes, and the merged predictions are
+    the one-process run's, every question once."""
+    from corag.retrieval.bm25 import build_bm25_folder
+
+    build_bm25_folder([toy_world.passages], tmp_path / "bm25")
+    common = ["--model", short_model_dir, "--data", toy_dir / "test.jsonl", "--corpus", toy_dir / "corpus.jsonl",
+              "--retriever", tmp_path / "bm25", "--limit", 6, "--methods", "greedy:L=1",
+              "no_retrieval:reader_max_new_tokens=4", "--max_active", 1]  # fmt: skip
+    runs = ["greedy_L1", "no_retrieval_reader_max_new_tokens4"]
+    one, split = tmp_path / "one", tmp_path / "split"
+    assert evaluate(capsys, *common, "--out-dir", one)[0] == 0
+    parts = [*common, "--out-dir", split, "--num-shards", 2]
+    part0 = split / "parts" / "part-00000-of-00002"
+
+    class Warned(JsonlAppender):
+        def append(self, record) -> None:  # the warning comes as the first answer is written
+            super().append(record)
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    with monkeypatch.context() as patch:
+        patch.setattr("corag.evaluation.JsonlAppender", Warned)
+        status, err = evaluate(capsys, *parts, "--shard", 0)
+    assert status == 75, err
+    assert (
+        "stopped on the warning signal after part 0 of 2, run greedy:L=1: 1 of 3 question(s) answered" in err
+    )
+    lines = (part0 / runs[0] / "predictions.jsonl").read_text().splitlines(keepends=True)
+    assert len(lines) == 1 and lines[0].endswith("}\n")
+    assert not (part0 / runs[0] / "metrics.json").exists() and not (part0 / runs[1]).exists()
+    assert evaluate(capsys, *parts, "--shard", 1)[0] == 0
+    status, err = evaluate(capsys, *parts, "--merge")
+    assert status == 2 and "part 0 of 2 is unfinished: 2 of its 3 question(s) unanswered" in err, err
+
+    assert evaluate(capsys, *parts, "--shard", 0)[0] == 0  # the rerun resumes
+    assert evaluate(capsys, *parts, "--merge")[0] == 0
+    for run in runs:
+        merged = (split / run / "predictions.jsonl").read_bytes()
+        assert merged == (one / run / "predictions.jsonl").read_bytes()
+        ids = [json.loads(line)["query_id"] for line in merged.splitlines()]
+        assert ids == [e.id for e in toy_world.test[:6]]
 
 
 def test_tables_and_plot(tmp_path):

@@ -15,6 +15,10 @@ A part answers a contiguous slice of the questions with every method; a finished
 run again and an interrupted one resumes. The merge writes exactly the files one process writes (with
 the stepped executor, the same predictions to the byte) and refuses, naming the file, while a part is
 missing or unfinished.
+
+Slurm's warning before the time limit (SIGUSR1, corag.slurm) ends an evaluation or a part after the
+question in hand: the predictions hold whole lines, the unfinished run no metrics, and the exit status is
+75 (stopped), so that evaluation/slurm_eval.sh requeues the job; the rerun resumes.
 """
 
 from __future__ import annotations
@@ -48,12 +52,14 @@ from corag.evaluation import (
     read_predictions,
     run_method,
     score_records,
+    unanswered,
     write_json,
     write_official_files,
     write_results,
 )
 from corag.kilt import read_page_ids, write_kilt_submission
 from corag.lm.settings import EngineSettings
+from corag.slurm import StopRequest, stopped, warning_held
 from corag.tasks import get_task, split_from_path
 from corag.types import Example
 
@@ -144,6 +150,7 @@ class Job:
     out_dir: Path
     split: str
     title_ids: dict[str, str] | None
+    stop: StopRequest | None = None  # Slurm's warning: stop after the question in hand
 
     @property
     def args(self) -> EvaluateArgs:
@@ -158,6 +165,7 @@ class Job:
 
 
 def main(argv: list[str] | None = None) -> int:
+    stop = StopRequest().install()  # first: the warning may come while the configs and questions load
     configs = parse_config(
         CONFIGS,
         argv,
@@ -177,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir=Path(args.out_dir),
         split=questions.split or split_from_path(questions.data) or "validation",
         title_ids=read_page_ids(args.page_ids) if args.page_ids else None,
+        stop=stop,
     )
     job.out_dir.mkdir(parents=True, exist_ok=True)
     if args.predictions:
@@ -185,11 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         return merge(job)
     if args.num_shards > 1:
         return answer_part(job)
-    answer(job, job.examples, job.out_dir)
+    left = answer(job, job.examples, job.out_dir)
+    if left:
+        return stopped(f"{left}, in {job.out_dir}/<run>/")
     paths = write_results(folder_results(job.out_dir), job.out_dir)
     print(paths["table"].read_text())
     print(f"predictions and metrics in {job.out_dir}/<run>/; table {paths['table']}; plot {paths['plot']}")
-    return 0
+    return stopped(f"every question in {job.out_dir}/<run>/") if stop.received else 0
 
 
 def score_file(job: Job) -> int:
@@ -226,14 +237,19 @@ def answer_part(job: Job) -> int:
     if all(part_finished(run_folder(folder, run), examples) for run in job.runs):
         print(f"part {shard} of {n} already finished: {folder}")
         return 0
-    answer(job, examples, folder, part=True)
+    left = answer(job, examples, folder, part=True)
+    if left:
+        return stopped(f"part {shard} of {n}, {left}, in {folder}/<run>/")
     print(f"part {shard} of {n} ({len(examples)} questions) in {folder}/<run>/; join the parts with --merge")
-    return 0
+    # warned as it finished: no more work in this job (evaluation/slurm_eval.sh starts no other file)
+    warned = job.stop is not None and job.stop.received
+    return stopped(f"every question of part {shard} of {n} in {folder}/<run>/") if warned else 0
 
 
-def answer(job: Job, examples: list[Example], out_dir: Path, *, part: bool = False) -> None:
+def answer(job: Job, examples: list[Example], out_dir: Path, *, part: bool = False) -> str | None:
     """Answer `examples` with every run into `out_dir/<run>/` (resuming), scoring each run; the model
-    loads only when some question is still unanswered. A part writes predictions and metrics only."""
+    loads only when some question is still unanswered. A part writes predictions and metrics only.
+    None once every run is done; when `job.stop` ended it first, what was saved (a run's answers so far)."""
     from corag.data.corpus import Corpus
     from corag.decoding import STRATEGIES
     from corag.retrieval import check_corpus
@@ -252,26 +268,33 @@ def answer(job: Job, examples: list[Example], out_dir: Path, *, part: bool = Fal
         for run in job.runs
     ]
     todo = any(e.id not in ids for ids in done for e in examples)
-    lm, retriever = decoding.load(engine) if todo else (None, None)
+    with warning_held():  # the engine's own processes never act on the warning; this one takes it after
+        lm, retriever = decoding.load(engine) if todo else (None, None)
     extra: dict[str, Any] = {}
     if args.demonstrations:
         from corag.methods.demos import load_demonstrations
 
         extra["demonstrations"] = load_demonstrations(Path(args.demonstrations))
     pages = page_lookup(corpus, job.title_ids)
-    for run in job.runs:
-        run_started = time.perf_counter()
+    for i, run in enumerate(job.runs):
         folder = run_folder(out_dir, run)
+        if job.stop is not None and job.stop.received and unanswered(folder / "predictions.jsonl", examples):
+            return f"{i} of {len(job.runs)} run(s) done, the next not started"
+        run_started = time.perf_counter()
         method_extra = extra if run.method in ("ircot", "one_step", "no_retrieval") else {}
         if run.method in STRATEGIES:
             method_extra = {"final_docs": decoding.final_docs, "limits": limits}
         records = run_method(
             run, examples, lm, retriever, corpus, folder / "predictions.jsonl",
             budget=decoding.budget, max_active=decoding.max_active, extra_kwargs=method_extra,
-            executor=decoding.executor,
+            executor=decoding.executor, stop=job.stop,
         )  # fmt: skip
+        if records is None:
+            answered = len(examples) - len(unanswered(folder / "predictions.jsonl", examples))
+            return f"run {run.name}: {answered} of {len(examples)} question(s) answered"
         seconds = time.perf_counter() - run_started
         write_run(job, run, folder, examples, records, seconds, corpus, pages, files=not part)
+    return None
 
 
 def merge(job: Job) -> int:
