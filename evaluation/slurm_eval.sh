@@ -14,6 +14,13 @@
 # OUT_ROOT/<file name without .jsonl>/<run>/), and one table over all files goes to OUT_ROOT/results.md
 # (`corag results OUT_ROOT`). A requeued or resubmitted job on as many GPUs skips the finished parts and
 # resumes the others.
+# At the time limit: Slurm warns the job 10 minutes before (--signal=B:USR1@600; another margin with sbatch
+# --signal=B:USR1@SECONDS, more than a question takes); the batch shell (python -m corag.commands.requeue)
+# passes the warning to srun, which passes it to every process of the nodes, and each part ends after the
+# question in hand, its answers whole lines, and starts no other file (exit status 75). Once any part
+# stopped, no file is merged and the job requeues itself (the same job id, logs appended); the rerun skips
+# the finished parts and resumes the others, then merges every file and writes the table; at most
+# CORAG_MAX_REQUEUES times (default 3), then it fails in one line.
 # --serve-index INDEX (the shipped layout) starts each node's own retrieval service first (its shards over
 # the node's GPUs, on loopback; python -m corag.commands.node_service), waits until it answers, and stops it
 # at the end; the node's engines run beside it and search it. With --retriever-url-file instead (a service
@@ -33,6 +40,7 @@
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
 #SBATCH --time=12:00:00
+#SBATCH --signal=B:USR1@600
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=corag-eval-%j.out
@@ -83,11 +91,14 @@ echo "slurm_eval.sh: ${#data[@]} file(s), each in $parts part(s): $nodes node(s)
 export CORAG_EVAL_CONFIG=$config CORAG_EVAL_OUT_ROOT=$out_root CORAG_EVAL_COMMAND=$command
 export CORAG_EVAL_PER_RUN=$per_run CORAG_EVAL_PER_NODE=$per_node CORAG_EVAL_PARTS=$parts
 export CORAG_EVAL_JOB=$job CORAG_EVAL_RETRIEVER=$retriever CORAG_SERVE_INDEX=$serve_index
-export CORAG_EVAL_WAIT_MINUTES=$wait_minutes CORAG_LOG_DIR=$log_dir PYTHON=$python
+export CORAG_EVAL_WAIT_MINUTES=$wait_minutes CORAG_LOG_DIR=$log_dir PYTHON=$python CORAG_EVAL_NODES=$nodes
 # One node: its service (with --serve-index), then its engines, each answering its part of every file
-# in turn. Arguments: the files, --, the flags for corag evaluate.
+# in turn. Arguments: the files, --, the flags for corag evaluate. Status 1 if a part failed, else 75 if
+# one stopped on the warning. srun passes the warning to every process of the node: only corag evaluate
+# acts on it, the rest ignore it.
 node_task='set -euo pipefail
-  node=${SLURM_PROCID:-0} files=() retriever=() pids=() failed=0
+  trap "" USR1
+  node=${SLURM_PROCID:-0} files=() retriever=() pids=() failed=0 stopped=0
   while [[ "$1" != "--" ]]; do files+=("$1"); shift; done
   shift
   [[ -z "$CORAG_EVAL_RETRIEVER" ]] || retriever=(--retriever "$CORAG_EVAL_RETRIEVER")
@@ -116,38 +127,74 @@ node_task='set -euo pipefail
     part=$(( node * CORAG_EVAL_PER_NODE + slot ))
     devices=$(IFS=,; echo "${gpus[*]:$(( slot * CORAG_EVAL_PER_RUN )):$CORAG_EVAL_PER_RUN}")
     (
-      status=0
+      failed=0
       for file in "${files[@]}"; do
         name=$(basename "$file" .jsonl)
         log="$CORAG_LOG_DIR/corag-eval-$CORAG_EVAL_JOB-$name-part$part.log"
         echo "slurm_eval.sh: part $part of $CORAG_EVAL_PARTS of $file on ${devices:-cpu} (node $node), log $log" >&2
+        code=0
         # shellcheck disable=SC2086  # the command is words, as CORAG_EVAL_COMMAND gives them
         CUDA_VISIBLE_DEVICES=${devices:-${CUDA_VISIBLE_DEVICES:-}} $CORAG_EVAL_COMMAND \
           --config "$CORAG_EVAL_CONFIG" --data "$file" --out-dir "$CORAG_EVAL_OUT_ROOT/$name" \
           --shard "$part" --num-shards "$CORAG_EVAL_PARTS" ${retriever[@]+"${retriever[@]}"} "$@" \
-          >> "$log" 2>&1 || { status=1; echo "slurm_eval.sh: part $part of $file failed (see $log)" >&2; }
+          >> "$log" 2>&1 || code=$?
+        # 75: stopped on the warning; 138 (SIGUSR1): the warning came as it exited; either way whole lines
+        if (( code == 75 || code == 138 )); then
+          echo "slurm_eval.sh: part $part of $file stopped on the warning before the time limit (see $log)" >&2
+          exit $(( failed ? 1 : 75 ))
+        elif (( code != 0 )); then
+          failed=1
+          echo "slurm_eval.sh: part $part of $file failed (see $log)" >&2
+        fi
       done
-      exit "$status"
+      exit "$failed"
     ) &
     pids+=($!)
   done
-  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-  exit "$failed"'
-runner=(bash -c "$node_task" slurm-eval-node)
-if [[ -n "${SLURM_JOB_ID:-}" ]]; then
-  runner=(srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 "${runner[@]}")
-fi
-"${runner[@]}" "${data[@]}" -- "$@" || {
-  status=$?
-  echo "slurm_eval.sh: a part failed (see $log_dir/corag-eval-$job-*-part*.log); resubmit to resume" >&2
-  exit "$status"
-}
-if (( parts > 1 )); then
-  for file in "${data[@]}"; do
-    # shellcheck disable=SC2086
-    $command --config "$config" --data "$file" --out-dir "$out_root/$(basename "$file" .jsonl)" \
-      --num-shards "$parts" --merge "$@" > /dev/null
+  for pid in "${pids[@]}"; do
+    code=0
+    wait "$pid" || code=$?
+    if (( code == 75 )); then stopped=1; elif (( code != 0 )); then failed=1; fi
   done
-fi
-"$python" -m corag.cli results "$out_root"
-echo "slurm_eval.sh: results in $out_root/ (one table: $out_root/results.md)" >&2
+  (( failed == 0 )) || exit 1
+  (( stopped == 0 )) || exit 75'
+# The job: every node's parts, then, once every part finished, each file's merge and one table. The batch
+# shell (python -m corag.commands.requeue) passes Slurm's warning to this shell, which passes it to srun;
+# a part that stopped on it makes this shell exit 75, and the batch shell requeues the job.
+# Arguments: the node task, the files, --, the flags for corag evaluate.
+job_task='set -euo pipefail
+  node_task=$1 files=()
+  shift
+  while [[ "$1" != "--" ]]; do files+=("$1"); shift; done
+  shift
+  runner=(bash -c "$node_task" slurm-eval-node)
+  if [[ -n "${SLURM_JOB_ID:-}" ]]; then
+    runner=(srun --nodes="$CORAG_EVAL_NODES" --ntasks="$CORAG_EVAL_NODES" --ntasks-per-node=1 "${runner[@]}")
+  fi
+  trap "" USR1
+  "${runner[@]}" "${files[@]}" -- "$@" &
+  runner_pid=$!
+  trap '"'"'kill -USR1 "$runner_pid" 2>/dev/null || true'"'"' USR1
+  # a warning passed on ends a wait early: wait again until the nodes are done, then take their status
+  while kill -0 "$runner_pid" 2>/dev/null; do wait "$runner_pid" || true; done
+  status=0
+  wait "$runner_pid" || status=$?
+  logs="$CORAG_LOG_DIR/corag-eval-$CORAG_EVAL_JOB-*-part*.log"
+  if (( status == 75 )); then
+    echo "slurm_eval.sh: a part stopped on the warning before the time limit (see $logs); no file merged, the rerun resumes" >&2
+    exit 75
+  elif (( status != 0 )); then
+    echo "slurm_eval.sh: a part failed (see $logs); resubmit to resume" >&2
+    exit "$status"
+  fi
+  if (( CORAG_EVAL_PARTS > 1 )); then
+    for file in "${files[@]}"; do
+      # shellcheck disable=SC2086
+      $CORAG_EVAL_COMMAND --config "$CORAG_EVAL_CONFIG" --data "$file" \
+        --out-dir "$CORAG_EVAL_OUT_ROOT/$(basename "$file" .jsonl)" --num-shards "$CORAG_EVAL_PARTS" --merge "$@" \
+        > /dev/null
+    done
+  fi
+  "$PYTHON" -m corag.cli results "$CORAG_EVAL_OUT_ROOT"
+  echo "slurm_eval.sh: results in $CORAG_EVAL_OUT_ROOT/ (one table: $CORAG_EVAL_OUT_ROOT/results.md)" >&2'
+exec "$python" -m corag.commands.requeue bash -c "$job_task" slurm-eval-job "$node_task" "${data[@]}" -- "$@"

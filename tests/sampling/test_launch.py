@@ -37,6 +37,8 @@ if "--out-dir" in argv:
     run = Path(argv[argv.index("--out-dir") + 1]) / "greedy_L6"
     run.mkdir(parents=True, exist_ok=True)
     (run / "metrics.json").write_text(json.dumps({"run": "greedy:L=6", "count": 2, "em": 50.0, "f1": 60.0}))
+if "--stop-part" in argv and "--shard" in argv and argv[argv.index("--stop-part") + 1] == argv[argv.index("--shard") + 1]:
+    sys.exit(75)  # stopped on Slurm's warning (corag.slurm.STOPPED)
 sys.exit(3 if "--fail" in sys.argv else 0)
 """
 
@@ -456,6 +458,24 @@ def test_evaluation_serves_its_own_index_and_merges_one_table(cluster, toy_world
     assert not list((tmp / "logs").glob("*.url"))  # the service stopped and took its URL file along
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{url}/health", timeout=5)
+
+
+def test_evaluation_with_a_part_stopped_on_the_warning_merges_nothing_and_exits_stopped(cluster):
+    """A part that stopped on Slurm's warning (status 75) starts no other file; the other parts go on,
+    no file is merged, no table written, and the job exits 75 (in a Slurm job: requeued)."""
+    tmp = cluster[0]
+    data = ["--data", "d/hotpotqa.jsonl", "--data", "d/musique.jsonl"]
+    done = evaluate(cluster, *data, "--", "--stop-part", "0", env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert done.returncode == 75, done.stderr
+    rows = [json.loads(line) for line in (tmp / "record.jsonl").read_text().splitlines()]
+    assert sorted((arg(r, "--data"), arg(r, "--shard")) for r in rows) == [
+        ("d/hotpotqa.jsonl", "0"),
+        ("d/hotpotqa.jsonl", "1"),
+        ("d/musique.jsonl", "1"),
+    ]  # part 0 stopped on its first file; no merge
+    assert "part 0 of d/hotpotqa.jsonl stopped on the warning before the time limit" in done.stderr
+    assert "no file merged, the rerun resumes" in done.stderr
+    assert not (tmp / "runs" / "eval" / "results.md").exists()
 
 
 def test_evaluation_whose_service_cannot_start_fails_at_once(cluster):
