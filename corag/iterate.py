@@ -19,6 +19,23 @@ Round r = 1..R:
 Every stage of every round runs once: a rerun of the same folder resumes at the first unfinished stage
 (sampling also resumes inside a stage, block by block), and a folder made with other settings is refused.
 `rounds.md` and `rounds.json` table the rounds.
+
+`launcher: local` (the default) runs every stage here, in this process or a child. `launcher: slurm` runs
+each stage as the cluster path does (docs/cluster.md), one `sbatch --wait` job after another from this
+driver process (on the login node, or a small job of its own), from the project folder:
+1. sample: the sampling array (sampling/slurm_array.sh with `sampling_config`, each node serving the index
+   `retriever` names, or searching the service URL it names), its shards then merged here into the
+   round's chains; the sampling settings are `sampling_config`'s, its seed + r - 1 in round r.
+2. pool: one job (sampling/slurm_pool.sh: `python -m corag.commands.pool`) loads round r's sampler with
+   `sampling_config`'s engine settings on one GPU and re-scores the earlier rounds' chains, then writes
+   the pool as the local pool stage does. One engine scores every chain; the job is not sharded.
+3. train: the SFT recipe over `train_sbatch`'s nodes (recipes/slurm_train.sh with `accelerate` and
+   `sft_config`); its first process builds the pool's examples into `<model>-examples`.
+4. evaluate: evaluation/slurm_eval.sh with `eval_config` over every GPU of its nodes, `eval_data` split
+   into parts and merged, into the round's `eval/`.
+Each job takes `sbatch_args` and its stage's flags (`sample_sbatch` with the array, `pool_sbatch`,
+`train_sbatch`, `eval_sbatch`: nodes, partition, CPUs, memory, time); a failed job ends the run in one
+line, and running the same command again resubmits the stage, whose job resumes from what it saved.
 """
 
 from __future__ import annotations
@@ -30,17 +47,33 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from corag.config import load_yaml
 from corag.data.jsonl import atomic_write, check_output, iter_jsonl, read_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.resources import CONFIGS, SFT_RECIPE
-from corag.sampling import SamplingConfig
+from corag.sampling import SamplingConfig, merge_shards, shard_path
 from corag.types import Example
 
 INITS = ("base", "last")
+LAUNCHERS = ("local", "slurm")
+# The cluster path's launch scripts, submitted from the project folder as docs/cluster.md does.
+SCRIPTS = {
+    "sample": "sampling/slurm_array.sh",
+    "pool": "sampling/slurm_pool.sh",
+    "train": "recipes/slurm_train.sh",
+    "evaluate": "evaluation/slurm_eval.sh",
+}
+# Flags that say where and how big a job is, not what a round computes: they may change between runs.
+SBATCH_FIELDS = ("sbatch_args", "sample_sbatch", "pool_sbatch", "train_sbatch", "eval_sbatch")
+
+
+class JobFailed(RuntimeError):
+    """A stage's Slurm job ended without success; rerunning the same command resumes it."""
 
 
 @dataclass
@@ -93,6 +126,41 @@ class IterateConfig:
         metadata={"help": "the recipe's config, a path (default: the package's toy config)"},
     )
     sft_args: str = field(default="", metadata={"help": 'more recipe flags, one string: "--max_steps 10"'})
+    launcher: str = field(
+        default="local",
+        metadata={
+            "choices": list(LAUNCHERS),
+            "help": "local: every stage here; slurm: each stage a job of the cluster path (sbatch --wait)",
+        },
+    )
+    sampling_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "slurm: the sampling array's config (sampler, engine, num_shards); its model, "
+            "questions, corpus, retriever and out_dir are the round's"
+        },
+    )
+    eval_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "slurm: evaluation/slurm_eval.sh's config; its model, data and methods are the round's"
+        },
+    )
+    accelerate: str = field(
+        default="zero3",
+        metadata={"help": "slurm: recipes/slurm_train.sh's accelerate config (zero3, fsdp, ddp)"},
+    )
+    sbatch_args: str = field(
+        default="",
+        metadata={"help": 'slurm: flags every job gets, one string: "--partition=gpu --account=me"'},
+    )
+    sample_sbatch: str = field(
+        default="--array=0-0",
+        metadata={"help": 'slurm: the sampling array\'s flags: "--array=0-1 --cpus-per-task=32 --mem=256G"'},
+    )
+    pool_sbatch: str = field(default="", metadata={"help": "slurm: the pool job's flags (one GPU)"})
+    train_sbatch: str = field(default="--nodes=1", metadata={"help": "slurm: the SFT job's flags"})
+    eval_sbatch: str = field(default="--nodes=1", metadata={"help": "slurm: the evaluation job's flags"})
 
     def check(self) -> None:
         for name in ("model", "questions", "corpus", "retriever", "eval_data"):
@@ -109,15 +177,43 @@ class IterateConfig:
         for name in ("recipe", "sft_config"):
             if not Path(getattr(self, name)).is_file():
                 raise InputError(f"not found from {Path.cwd()}", file=getattr(self, name), field=name)
+        if self.launcher not in LAUNCHERS:
+            raise InputError(f"choose one of {LAUNCHERS}, got {self.launcher!r}", field="launcher")
+        if self.launcher == "slurm":
+            self.check_slurm()
         from corag.evaluation import parse_runs
 
         parse_runs(self.methods)
 
+    def check_slurm(self) -> None:
+        """The stage configs exist, the sampling flags hold an array, and the launch scripts are here."""
+        for name in ("sampling_config", "eval_config"):
+            path = getattr(self, name)
+            if not path or not Path(path).is_file():
+                raise InputError(
+                    f"launcher slurm needs this stage config, not found from {Path.cwd()}",
+                    file=path,
+                    field=name,
+                )
+        flags = shlex.split(self.sample_sbatch)
+        if not any(f in ("--array", "-a") or f.startswith(("--array=", "-a")) for f in flags):
+            raise InputError(
+                f"give the array, e.g. --array=0-1, got {self.sample_sbatch!r}", field="sample_sbatch"
+            )
+        for script in SCRIPTS.values():
+            if not Path(script).is_file():
+                raise InputError(
+                    f"launcher slurm runs the launch scripts from the project folder; not found from {Path.cwd()}",
+                    file=script,
+                    field="launcher",
+                )
 
-def stage(name: str, done: Path, timings: dict[str, float], fn: Callable[[], Any]) -> None:
-    """Run a stage unless its output (`done`) exists; record its wall time."""
-    if done.exists():
-        print(f"[{name}] already done ({done})")
+
+def stage(name: str, done: Path | Sequence[Path], timings: dict[str, float], fn: Callable[[], Any]) -> None:
+    """Run a stage unless its output (`done`, or every path of it) exists; record its wall time."""
+    outputs = [done] if isinstance(done, Path) else list(done)
+    if all(path.exists() for path in outputs):
+        print(f"[{name}] already done ({outputs[0]})")
         return
     print(f"[{name}] ...", flush=True)
     start = time.perf_counter()
@@ -156,15 +252,15 @@ def pool_chains(
     files: dict[int, Path],
     questions: Sequence[Example],
     corpus: Any,
-    sampler: str,
+    load_sampler: Callable[[], Any],
     scoring_prompt: str,
     path: Path,
 ) -> None:
     """Write `path`: for each question of the last round's chains, the best of its chains in the rounds'
-    chain `files` (by round, oldest first), compared under the last round's `sampler`: its own chains
-    keep their scores, the earlier rounds' are scored again by it (under `scoring_prompt`, the prompt it
-    sampled with). Each record gets that `score` and the `round` that sampled it."""
-    from corag.lm import load_lm
+    chain `files` (by round, oldest first), compared under the last round's sampler (`load_sampler`
+    loads it, only when there are earlier chains): its own chains keep their scores, the earlier rounds'
+    are scored again by it (under `scoring_prompt`, the prompt it sampled with). Each record gets that
+    `score` and the `round` that sampled it."""
     from corag.sampling import score_chains
 
     by_id = {e.id: e for e in questions}
@@ -181,7 +277,7 @@ def pool_chains(
     rounds = list(files)
     last = rounds[-1]
     earlier = [record for k in rounds[:-1] for record in chains[k]]
-    rescored = iter(score_chains(earlier, by_id, corpus, load_lm(sampler), scoring_prompt) if earlier else [])
+    rescored = iter(score_chains(earlier, by_id, corpus, load_sampler(), scoring_prompt) if earlier else [])
     candidates: dict[str, list[tuple[float, int, dict[str, Any]]]] = {}
     for k in rounds:
         for record in chains[k]:
@@ -201,22 +297,27 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
     from corag.data.formats import load_examples
     from corag.lm import load_lm
     from corag.retrieval import check_corpus, load_retriever
-    from corag.sampling import run_sampling
 
     cfg.check()
     sampling.check()
+    slurm = cfg.launcher == "slurm"
+    if slurm:
+        sampling, num_shards = slurm_sampling(cfg, sampling)
     out = Path(cfg.out_dir)
     check_output(out, "--out_dir", marks=("iterate.json",))
     questions = load_examples(cfg.questions)[: cfg.limit]
-    held_out = load_examples(cfg.eval_data)[: cfg.eval_limit]
+    held_out = [] if slurm else load_examples(cfg.eval_data)[: cfg.eval_limit]
     corpus = Corpus.load(cfg.corpus)
-    check_corpus(cfg.retriever, corpus)  # before any model loads
+    check_corpus(cfg.retriever, corpus)  # before any model loads or job starts
     out.mkdir(parents=True, exist_ok=True)
     settings = {**asdict(cfg), "sampling": asdict(sampling)}
-    for key in ("out_dir", "methods", "recipe", "rounds"):  # these may change between runs
+    # These may change between runs; a local run also records none of the launcher's settings, so
+    # that its folder resumes as it did before they existed.
+    slurm_only = ("launcher", "sampling_config", "eval_config", "accelerate")
+    for key in ("out_dir", "methods", "recipe", "rounds", *SBATCH_FIELDS, *([] if slurm else slurm_only)):
         settings.pop(key)
     check_same_settings(settings, out / "iterate.json", "rounds")
-    retriever = load_retriever(cfg.retriever)
+    retriever = None if slurm else load_retriever(cfg.retriever)
     data = {"corpus": cfg.corpus, **({"index": cfg.retriever} if "://" not in cfg.retriever else {})}
     rows, timings = [], {}
     for r in range(1, cfg.rounds + 1):
@@ -229,31 +330,22 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
             files = {0: Path(cfg.round0_chains), **files}
         lr = cfg.last_learning_rate if cfg.init == "last" and r > 1 else None
         extra = [*shlex.split(cfg.sft_args), *([f"--learning_rate={lr}"] if lr else [])]
-
-        def sample(sampler: str = sampler, chains: Path = chains, r: int = r) -> None:
-            partial = chains.with_name("chains.partial.jsonl")
-            config = replace(sampling, seed=sampling.seed + r - 1)
-            run_sampling(questions, corpus, load_lm(sampler), retriever, config, partial)
-            partial.rename(chains)
-
+        config = replace(sampling, seed=sampling.seed + r - 1)
+        if slurm:
+            job = sample_job(cfg, sampler, config.seed, folder / "shards")
+            sample = partial(sample_and_merge, job, folder / "shards", num_shards, questions, chains)
+            make_pool = partial(run_job, pool_job(cfg, files, sampler, pool))
+            train = partial(run_job, train_job(cfg, start, pool, model, extra))
+        else:
+            sample = partial(sample_here, questions, corpus, sampler, retriever, config, chains)
+            load = partial(load_lm, sampler)
+            make_pool = partial(pool_chains, files, questions, corpus, load, config.scoring_prompt, pool)
+            chains_data = {**data, "chains": str(pool)}
+            train = partial(run_recipe, cfg.recipe, cfg.sft_config, start, model, chains_data, extra)
         folder.mkdir(exist_ok=True)
         stage(f"round {r}: sample", chains, timings, sample)
-        stage(
-            f"round {r}: pool",
-            pool,
-            timings,
-            lambda files=files, sampler=sampler, pool=pool: pool_chains(
-                files, questions, corpus, sampler, sampling.scoring_prompt, pool
-            ),
-        )
-        stage(
-            f"round {r}: train",
-            model / "config.json",
-            timings,
-            lambda start=start, pool=pool, model=model, extra=extra: run_recipe(
-                cfg.recipe, cfg.sft_config, start, model, {**data, "chains": str(pool)}, extra
-            ),
-        )
+        stage(f"round {r}: pool", pool, timings, make_pool)
+        stage(f"round {r}: train", model / "config.json", timings, train)
         scores = [float(rec["score"]) for _, rec in iter_jsonl(chains)]
         kept = [rec["round"] for _, rec in iter_jsonl(pool)]
         row: dict[str, Any] = {
@@ -265,10 +357,156 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
             "from_earlier_rounds": sum(k < r for k in kept),
             "mean_chain_score": round(statistics.fmean(scores), 4) if scores else None,
         }
-        row.update(evaluate_round(cfg, folder, model, held_out, corpus, retriever))
+        if slurm:
+            metrics = slurm_metrics(cfg, folder / "eval")
+            evaluate = partial(run_job, eval_job(cfg, model, folder / "eval"))
+            stage(f"round {r}: evaluate", list(metrics.values()), timings, evaluate)
+            for name, path in metrics.items():
+                row.update(metrics_row(name, json.loads(path.read_text())))
+        else:
+            row.update(evaluate_round(cfg, folder, model, held_out, corpus, retriever))
         rows.append(row)
     write_rounds(rows, out)
     return rows
+
+
+def sample_here(
+    questions: Sequence[Example],
+    corpus: Any,
+    sampler: str,
+    retriever: Any,
+    config: SamplingConfig,
+    chains: Path,
+) -> None:
+    """The round's chains, sampled in this process (into a partial file, renamed once whole)."""
+    from corag.lm import load_lm
+    from corag.sampling import run_sampling
+
+    partial_chains = chains.with_name("chains.partial.jsonl")
+    run_sampling(questions, corpus, load_lm(sampler), retriever, config, partial_chains)
+    partial_chains.rename(chains)
+
+
+def sample_and_merge(
+    command: list[str], shards: Path, num_shards: int, questions: Sequence[Example], chains: Path
+) -> None:
+    """The round's sampling array, then its shards merged into the round's chains (every question once)."""
+    run_job(command)
+    merge_shards([shard_path(shards, s, num_shards) for s in range(num_shards)], questions, chains)
+
+
+def slurm_sampling(cfg: IterateConfig, sampling: SamplingConfig) -> tuple[SamplingConfig, int]:
+    """Under `launcher: slurm`: the sampling settings and `num_shards` of `sampling_config`, which the
+    array samples with; the iterate config must leave its own sampling settings unset."""
+    default = SamplingConfig()
+    given = [f.name for f in fields(SamplingConfig) if getattr(sampling, f.name) != getattr(default, f.name)]
+    if given:
+        raise InputError(
+            f"under launcher slurm the sampling settings are sampling_config's ({cfg.sampling_config}): "
+            "set them there",
+            field=given[0],
+        )
+    values = load_yaml(cfg.sampling_config)
+    config = SamplingConfig(**{f.name: values[f.name] for f in fields(SamplingConfig) if f.name in values})
+    config.check()
+    num_shards = values.get("num_shards")
+    if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards < 1:
+        raise InputError(
+            "set num_shards (a positive integer): the round merges the array's shards by it",
+            file=cfg.sampling_config,
+            field="num_shards",
+        )
+    return config, num_shards
+
+
+def sbatch(cfg: IterateConfig, stage: str, flags: str, args: Sequence[str]) -> list[str]:
+    """The sbatch command of a stage's job (`sbatch_args`, then the stage's `flags`); it returns when the
+    job has ended (--wait), with the job's exit status."""
+    return ["sbatch", "--wait", *shlex.split(cfg.sbatch_args), *shlex.split(flags), SCRIPTS[stage], *args]
+
+
+def retrieval_flags(cfg: IterateConfig) -> tuple[list[str], list[str]]:
+    """(the launcher's flags, the command's flags): an index folder is served on every node of the job
+    (--serve-index); a service URL is searched as it is (--retriever)."""
+    if "://" in cfg.retriever:
+        return [], ["--retriever", cfg.retriever]
+    return ["--serve-index", cfg.retriever], []
+
+
+def sample_job(cfg: IterateConfig, sampler: str, seed: int, shards: Path) -> list[str]:
+    """The round's sampling array: `sampling_config` with the round's sampler, seed and shard folder."""
+    serve, search = retrieval_flags(cfg)
+    limit = ["--limit", str(cfg.limit)] if cfg.limit is not None else []
+    sample = [
+        "--model",
+        sampler,
+        "--questions",
+        cfg.questions,
+        "--corpus",
+        cfg.corpus,
+        "--out_dir",
+        str(shards),
+    ]
+    return sbatch(
+        cfg,
+        "sample",
+        cfg.sample_sbatch,
+        [cfg.sampling_config, *serve, "--", *sample, "--seed", str(seed), *limit, *search],
+    )
+
+
+def pool_job(cfg: IterateConfig, files: dict[int, Path], sampler: str, pool: Path) -> list[str]:
+    """The round's pool job (python -m corag.commands.pool): the rounds' chain files as ROUND=FILE."""
+    limit = ["--limit", str(cfg.limit)] if cfg.limit is not None else []
+    args = [cfg.sampling_config, "--model", sampler, "--questions", cfg.questions, "--corpus", cfg.corpus]
+    return sbatch(
+        cfg,
+        "pool",
+        cfg.pool_sbatch,
+        [*args, *limit, "--out", str(pool), *(f"{k}={f}" for k, f in files.items())],
+    )
+
+
+def train_job(cfg: IterateConfig, start: str, pool: Path, model: Path, extra: Sequence[str]) -> list[str]:
+    """The round's SFT job: the recipe builds the pool's examples (into <model>-examples, not the
+    config's dataset) and trains `start` on them over the job's nodes."""
+    index = [] if "://" in cfg.retriever else ["--index", cfg.retriever]
+    args = ["sft", cfg.accelerate, cfg.sft_config, "--model_name_or_path", start, "--output_dir", str(model)]
+    args += ["--chains", str(pool), "--corpus", cfg.corpus, *index, "--dataset", "none", *extra]
+    return sbatch(cfg, "train", cfg.train_sbatch, args)
+
+
+def eval_job(cfg: IterateConfig, model: Path, out_root: Path) -> list[str]:
+    """The round's evaluation job: `eval_config` with the round's model and `methods` on `eval_data`."""
+    serve, search = retrieval_flags(cfg)
+    limit = ["--limit", str(cfg.eval_limit)] if cfg.eval_limit is not None else []
+    args = [cfg.eval_config, *serve, "--data", cfg.eval_data, "--out-root", str(out_root), "--"]
+    args += ["--model", str(model), "--corpus", cfg.corpus, *limit, *search, "--methods", *cfg.methods]
+    return sbatch(cfg, "evaluate", cfg.eval_sbatch, args)
+
+
+def run_job(command: list[str]) -> None:
+    """Submit a stage's job and wait for its end; JobFailed unless it completed."""
+    print(shlex.join(command), flush=True)
+    status = subprocess.run(command).returncode
+    if status != 0:
+        script = next(word for word in command if word in SCRIPTS.values())
+        raise JobFailed(
+            f"the job of {script} ended with status {status} (see its Slurm .out file and logs/); "
+            "run the same command again to resume it"
+        )
+
+
+def slurm_metrics(cfg: IterateConfig, out_root: Path) -> dict[str, Path]:
+    """Each method's metrics.json as evaluation/slurm_eval.sh writes it: OUT_ROOT/<file>/<run>/, the run's
+    folder named as `corag evaluate` names it."""
+    from corag.evaluation import parse_runs
+
+    name = Path(cfg.eval_data).name.removesuffix(".jsonl")
+    return {
+        run.name: out_root / name / run.name.replace(":", "_").replace("=", "") / "metrics.json"
+        for run in parse_runs(cfg.methods)
+    }
 
 
 def evaluate_round(
@@ -289,11 +527,15 @@ def evaluate_round(
             summary = score_records(held_out, records)
             with atomic_write(metrics) as f:
                 json.dump(summary, f, indent=2)
-        summary = json.loads(metrics.read_text())
-        for key in ("em", "f1", "tokens_per_question"):
-            row[f"{run.name} {key}"] = round(summary[key], 2)
-        for hops, em in sorted(summary.get("em_by_hops", {}).items(), key=lambda item: int(item[0])):
-            row[f"{run.name} em_{hops}hop"] = round(em, 2)
+        row.update(metrics_row(run.name, json.loads(metrics.read_text())))
+    return row
+
+
+def metrics_row(name: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """A method's columns of the rounds table: EM, F1, tokens per question, EM by hop count."""
+    row = {f"{name} {key}": round(summary[key], 2) for key in ("em", "f1", "tokens_per_question")}
+    for hops, em in sorted(summary.get("em_by_hops", {}).items(), key=lambda item: int(item[0])):
+        row[f"{name} em_{hops}hop"] = round(em, 2)
     return row
 
 

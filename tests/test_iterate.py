@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,153 @@ def test_bad_settings_are_one_line(flags, tmp_path, capsys, extra, field):
     assert status == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("corag iterate: error:") and field in err[-1]
+
+
+SLURM_SAMPLING = "num_shards: 2\nnum_chains: 2\nmax_length: 1\nseed: 5\nbackend: hf\n"
+
+
+@pytest.fixture
+def slurm_flags(flags, toy_world, tmp_path, monkeypatch) -> list[str]:
+    """The local flags under `launcher: slurm`, run from a project folder holding the launch scripts; the
+    sampling settings live in the sampling config, round 0 is the gold chains of the 4 questions."""
+    monkeypatch.chdir(tmp_path)
+    for script in corag.iterate.SCRIPTS.values():
+        Path(script).parent.mkdir(parents=True, exist_ok=True)
+        Path(script).write_text("#!/usr/bin/env bash\n")
+    Path("sampling.yaml").write_text(SLURM_SAMPLING)
+    Path("eval.yaml").write_text("backend: hf\n")
+    gold = [
+        chain_record(
+            e, SampledChain(e.decomposition, 0.0, 3, None), list(e.supporting_ids), SamplingConfig(), ""
+        )
+        for e in toy_world.train[:4]
+    ]
+    write_jsonl("gold.jsonl", gold)
+    sampling_flags = ("--num_chains", "--max_length")  # the sampling config's under slurm
+    kept = [w for i, w in enumerate(flags) if w not in sampling_flags and flags[i - 1] not in sampling_flags]
+    return [
+        *kept, "--rounds", "1", "--launcher", "slurm", "--sampling_config", "sampling.yaml",
+        "--eval_config", "eval.yaml", "--accelerate", "ddp", "--round0_chains", "gold.jsonl",
+        "--sbatch_args=--partition=gpu", "--sample_sbatch=--array=0-1 --mem=8G",
+        "--train_sbatch=--nodes=2", "--eval_sbatch=--nodes=2", "--out_dir", "rounds",
+    ]  # fmt: skip
+
+
+class FakeSbatch:
+    """`sbatch --wait` as the launch scripts' jobs would end: each writes what its stage leaves (the pool
+    job runs for real, in process), or fails where told."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.commands: list[list[str]] = []
+        self.fail = fail
+
+    def __call__(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
+        from corag.commands.pool import main as pool
+
+        self.commands.append(command)
+        script = next(w for w in command if w in corag.iterate.SCRIPTS.values())
+        args = command[command.index(script) + 1 :]
+        value = dict(zip(args, [*args[1:], ""], strict=True))
+        if script == self.fail:
+            return subprocess.CompletedProcess(command, 1)
+        if script.endswith("slurm_array.sh"):  # question i in shard i % 2, each chain worse than gold's
+            out = Path(value["--out_dir"])
+            out.mkdir(parents=True)
+            questions = load_examples(value["--questions"])[: int(value["--limit"])]
+            for shard in (0, 1):
+                chains = [{"query_id": e.id, "score": -100.0, "steps": []} for e in questions[shard::2]]
+                write_jsonl(out / f"chains-{shard:05d}-of-00002.jsonl", chains)
+        elif script.endswith("slurm_pool.sh"):
+            assert pool(args) == 0
+        elif script.endswith("slurm_train.sh"):
+            Path(value["--output_dir"]).mkdir(parents=True)
+            (Path(value["--output_dir"]) / "config.json").write_text("{}")
+        else:
+            run = Path(value["--out-root"]) / Path(value["--data"]).stem / "greedy_L1"
+            run.mkdir(parents=True)
+            (run / "metrics.json").write_text(json.dumps({"em": 50.0, "f1": 60.0, "tokens_per_question": 7}))
+        return subprocess.CompletedProcess(command, 0)
+
+
+def test_the_slurm_launcher_submits_each_stage_as_the_cluster_path_and_resumes(
+    slurm_flags, tiny_model_dir, toy_dir, monkeypatch, capsys
+):
+    sbatch = FakeSbatch()
+    monkeypatch.setattr(corag.iterate.subprocess, "run", sbatch)
+    assert cli(["iterate", *slurm_flags]) == 0
+    sample, pool, train, evaluate = sbatch.commands
+    for command, script in zip(sbatch.commands, corag.iterate.SCRIPTS.values(), strict=True):
+        assert command[:3] == ["sbatch", "--wait", "--partition=gpu"] and script in command
+    # the array: its flags, the sampling config with the index served on each node, the round's sampler
+    # and seed (the sampling config's, round 1)
+    assert sample[3:5] == ["--array=0-1", "--mem=8G"]
+    assert sample[6:10] == [
+        "sampling.yaml",
+        "--serve-index",
+        slurm_flags[slurm_flags.index("--retriever") + 1],
+        "--",
+    ]
+    assert ["--model", str(tiny_model_dir)] == sample[10:12] and sample[-4:] == [
+        "--seed",
+        "5",
+        "--limit",
+        "4",
+    ]
+    # its 2 shards merged in question order
+    own = read_jsonl(Path("rounds/round1/chains.jsonl"))
+    assert [r["query_id"] for r in own] == [e.id for e in load_examples(str(toy_dir / "train.jsonl"))[:4]]
+    # the pool job: round 0 and the round's chains, scored under the round's sampler
+    assert pool[-2:] == ["0=gold.jsonl", "1=rounds/round1/chains.jsonl"]
+    kept = read_jsonl(Path("rounds/round1/pool.jsonl"))
+    assert [r["round"] for r in kept] == [0, 0, 0, 0] and all(r["score"] > -100 for r in kept)
+    # SFT over 2 nodes from the model, on the pool's examples (not the SFT config's dataset)
+    assert train[3:7] == ["--nodes=2", corag.iterate.SCRIPTS["train"], "sft", "ddp"]
+    assert train[train.index("--chains") + 1] == "rounds/round1/pool.jsonl"
+    assert train[train.index("--dataset") + 1] == "none" and train[-2:] == ["--bf16", "false"]
+    # evaluation of the round's model with the round's methods; the table reads its metrics
+    assert evaluate[evaluate.index("--model") + 1] == "rounds/round1/model"
+    assert evaluate[-2:] == ["--methods", "greedy:L=1"] and "--limit" in evaluate
+    [row] = json.loads(Path("rounds/rounds.json").read_text())
+    assert row["greedy:L=1 em"] == 50.0 and row["from_earlier_rounds"] == 4
+    # a rerun submits nothing
+    capsys.readouterr()
+    assert cli(["iterate", *slurm_flags]) == 0
+    assert len(sbatch.commands) == 4 and capsys.readouterr().out.count("already done") == 4
+
+
+def test_a_failed_job_ends_the_run_in_one_line_and_the_rerun_resumes_it(slurm_flags, monkeypatch, capsys):
+    sbatch = FakeSbatch(fail=corag.iterate.SCRIPTS["train"])
+    monkeypatch.setattr(corag.iterate.subprocess, "run", sbatch)
+    assert cli(["iterate", *slurm_flags]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("corag iterate: the job of recipes/slurm_train.sh ended with status 1")
+    sbatch.fail = None
+    assert cli(["iterate", *slurm_flags]) == 0
+    scripts = [next(w for w in c if w in corag.iterate.SCRIPTS.values()) for c in sbatch.commands]
+    assert scripts == [*list(corag.iterate.SCRIPTS.values())[:3], *list(corag.iterate.SCRIPTS.values())[2:]]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (["--sampling_config", "none"], "sampling_config"),
+        (["--eval_config", "missing.yaml"], "eval_config"),
+        (["--sample_sbatch=--nodes=2"], "sample_sbatch"),
+        (["--num_chains", "3"], "num_chains"),  # the sampling config's setting under slurm
+        (["--sampling_config", "eval.yaml"], "num_shards"),  # a sampling config needs num_shards
+    ],
+)
+def test_bad_slurm_settings_are_one_line(slurm_flags, monkeypatch, capsys, extra, field):
+    monkeypatch.setattr(corag.iterate.subprocess, "run", FakeSbatch())
+    assert cli(["iterate", *slurm_flags, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("corag iterate: error:") and f"field '{field}'" in err[-1]
+
+
+def test_the_slurm_launcher_runs_from_the_project_folder(slurm_flags, capsys):
+    Path(corag.iterate.SCRIPTS["pool"]).unlink()
+    assert cli(["iterate", *slurm_flags]) == 2
+    assert (
+        "sampling/slurm_pool.sh, field 'launcher': launcher slurm runs the launch scripts"
+        in capsys.readouterr().err
+    )

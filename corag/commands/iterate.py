@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 from corag.config import parse_config
-from corag.iterate import IterateConfig, iterate
+from corag.iterate import IterateConfig, JobFailed, iterate
 from corag.resources import CONFIGS
 from corag.sampling import SamplingConfig
 
@@ -13,11 +15,17 @@ TOY = CONFIGS / "iterate/toy.yaml"
 def main(argv: list[str] | None = None) -> int:
     """`corag iterate [--config FILE] [--key value ...]`: each round's fine-tuned model samples the next
     round's chains; a rerun of the same --out_dir resumes at the first unfinished stage. Without --config,
-    the package's configs/iterate/toy.yaml: two rounds from `corag quickstart`'s model, in its folder."""
+    the package's configs/iterate/toy.yaml: two rounds from `corag quickstart`'s model, in its folder.
+    With `launcher: slurm` each stage is a Slurm job (configs/iterate/llama3.1-8b.yaml); a job that fails
+    ends the run in one line (exit status 1), and the same command resumes it."""
     argv = list(argv or [])
     if not any(a == "--config" or a.startswith("--config=") for a in argv):
         argv = ["--config", str(TOY), *argv]
     cfg, sampling = parse_config((IterateConfig, SamplingConfig), argv, description=main.__doc__)
-    rows = iterate(cfg, sampling)
+    try:
+        rows = iterate(cfg, sampling)
+    except JobFailed as error:
+        print(f"corag iterate: {error}", file=sys.stderr)
+        return 1
     print(f"{len(rows)} round(s) in {cfg.out_dir}: rounds.md, rounds.json")
     return 0
