@@ -283,11 +283,11 @@ def test_a_plan_over_the_jobs_time_limit_says_so_in_one_line(tmp_path: Path, cap
         "needs 3 node(s), or 3 submissions of 1 (a rerun resumes)"
     ]
     assert lines[-1].startswith("plan fits: ")
-    # without --time, the limit is the launch script's #SBATCH --time (12 h: well within)
+    # without --time, the limit is the launch script's #SBATCH --time (24 h: well within)
     assert plan_main(["--config", str(config)]) == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wall time")]
     assert line.endswith(
-        "within the job's limit of 12.0 h (evaluation/slurm_eval.sh #SBATCH --time=12:00:00)"
+        "within the job's limit of 24.0 h (evaluation/slurm_eval.sh #SBATCH --time=24:00:00)"
     )
     # the job's files as evaluation/slurm_eval.sh takes them: --data A --data B (or --data A B)
     other = _jsonl(tmp_path / "r.jsonl", 500)
@@ -370,3 +370,26 @@ def test_the_wall_time_table_in_the_docs_is_corag_plans() -> None:
 
 if __name__ == "__main__":
     print(wall_table())
+
+
+def test_an_iterate_config_plans_each_stage_it_submits_on_its_nodes(monkeypatch, capsys) -> None:
+    monkeypatch.chdir(REPO)  # its stage configs are named from the project folder
+    assert plan_main(["--config", "configs/iterate/llama3.1-8b.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "== sample: configs/sampling/llama3.1-8b.yaml on 2 node(s)" in out  # the array's 2 tasks
+    assert "== sft: configs/sft/llama3.1-8b-full.yaml on 2 node(s)" in out
+    assert "== evaluate: configs/eval/corag-llama3.1-8b.yaml on 2 node(s)" in out
+    assert "musique_validation.jsonl: 2,417 questions" in out  # the round's held-out questions
+    assert out.count("plan fits: ") == 4 and out.strip().splitlines()[-1].startswith("plan fits: every stage")
+    assert plan_main(["--config", "configs/iterate/toy.yaml"]) == 0
+    assert "launcher local runs every stage on this machine; nothing to plan" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "nodes"), [("--array=0-1 --mem=8G", 2), ("-a 0-30:2", 16), ("--array=1,3,8-9%2", 4),
+                         ("--nodes=3", 3), ("-N 2", 2), ("--mem=8G", 1)],
+)  # fmt: skip
+def test_the_nodes_of_a_stage_come_from_its_sbatch_flags(flags: str, nodes: int) -> None:
+    from corag.commands.plan import sbatch_nodes
+
+    assert sbatch_nodes(flags) == nodes

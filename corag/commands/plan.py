@@ -15,7 +15,9 @@ many nodes or submissions it needs.
 from __future__ import annotations
 
 import importlib
+import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from corag.config import load_yaml, parse_config, read_config
@@ -85,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = ["--config_file" if a == "--config" else a for a in (argv or [])]
     argv = [a for a in argv if a != "--config_file"] if "--config_file" in argv else argv
     args = parse_config(PlanArgs, argv, __doc__.splitlines()[0])
+    if "rounds" in load_yaml(args.config_file):
+        return plan_iterate(args)
     stage = args.stage or detect_stage(load_yaml(args.config_file), args.config_file)
     values = stage_values(stage, args.config_file, args.model)
     header, service = read_header(args.config_file)
@@ -130,3 +134,67 @@ def stage_values(stage: str, config_file: str, model: str | None) -> dict[str, A
     flags = [flag, model] if model is not None and stage != "serve" else []
     classes = getattr(importlib.import_module(module), name)
     return read_config(classes, ["--config", config_file, *flags])
+
+
+# An iterate config's stages under `launcher: slurm`: (stage, its config key, its sbatch flags' key).
+ITERATE_STAGES = (
+    ("sample", "sampling_config", "sample_sbatch"),
+    ("sft", "sft_config", "train_sbatch"),
+    ("evaluate", "eval_config", "eval_sbatch"),
+)
+
+
+def plan_iterate(args: PlanArgs) -> int:
+    """An iterate config (corag iterate): with `launcher: slurm`, each stage's config it names, planned on
+    the nodes its sbatch flags ask for (the sampling array's tasks, the SFT and evaluation jobs' --nodes)
+    unless --nodes is given, SFT from its `model` and evaluation on its `eval_data`. The pool job (one
+    sampling engine on one GPU, scoring chains) is not planned, and evaluation is planned with the eval
+    config's methods (the round's may be fewer). With `launcher: local` there is nothing to
+    plan on GPUs: one line says so."""
+    from corag.iterate import IterateConfig
+    from corag.sampling import SamplingConfig
+
+    cfg, _ = parse_config((IterateConfig, SamplingConfig), ["--config", args.config_file])
+    if cfg.launcher != "slurm":
+        print(
+            f"{args.config_file}: launcher {cfg.launcher} runs every stage on this machine; nothing to plan"
+        )
+        return 0
+    flags = [
+        *(["--gpus", str(args.gpus)] if args.gpus is not None else []),
+        *(["--gpu-memory", args.gpu_memory] if args.gpu_memory is not None else []),
+        *(["--host-memory", args.host_memory] if args.host_memory is not None else []),
+    ]
+    for stage, key, sbatch in ITERATE_STAGES:
+        config = getattr(cfg, key)
+        if not config or not Path(config).is_file():
+            raise InputError(f"no stage config to plan, not found from {Path.cwd()}", file=config, field=key)
+        nodes = args.nodes or sbatch_nodes(getattr(cfg, sbatch))
+        given = {"sft": ["--model", cfg.model or ""], "evaluate": ["--data", cfg.eval_data or ""]}.get(
+            stage, []
+        )
+        print(f"== {stage}: {config} on {nodes} node(s)")
+        main(["--config", config, "--nodes", str(nodes), *flags, *[w for w in given if w]])
+    print(
+        f"plan fits: every stage of a round of {args.config_file} (sample, sft, evaluate; the pool job not planned)"
+    )
+    return 0
+
+
+def sbatch_nodes(flags: str) -> int:
+    """The nodes sbatch `flags` ask for: an array's tasks (one node each, `--array=0-1,4`), else `--nodes`
+    (or -N), else 1."""
+    words = shlex.split(flags)
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        value = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+        if name in ("--array", "-a"):
+            count = 0
+            for part in value.split("%")[0].split(","):
+                span, _, step = part.partition(":")
+                first, _, last = span.partition("-")
+                count += (int(last or first) - int(first)) // int(step or 1) + 1
+            return count
+        if name in ("--nodes", "-N"):
+            return int(value.split("-")[0])
+    return 1
