@@ -81,12 +81,17 @@ log_dir=${CORAG_LOG_DIR:-logs}
 mkdir -p "$log_dir"
 echo "slurm_train.sh: $recipe on $nodes node(s) x $per_node process(es), rendezvous at $head_addr:$port, logs in $log_dir/"
 # One task per node; the first task that fails ends the others (a hung collective would hold every GPU).
-# The first task hosts the rendezvous store and the others only connect to it: said outright, because
-# torch's guess (does the address name this machine?) can be yes on two nodes at once, and then whichever
-# starts first takes the port. Ranks follow the order the nodes join: rank 0 may log on any node. Within a task only the training
+# Over several nodes the rendezvous store lives in this batch shell, on the first node (where Slurm runs
+# it), until every node has ended, and every node only connects to it (is_host=0: said outright, because
+# torch's guess, does the address name this machine?, can be yes on two nodes at once). Hosted by the first
+# node's launcher, it would end with that launcher, and a node leaving a moment later would fail its
+# rendezvous heartbeat and shutdown (seen on a real Slurm); python -m corag.commands.accelerate_join runs
+# accelerate without its check that machine 0's port is free. On one node its launcher hosts the store.
+# Ranks follow the order the nodes join: rank 0 may log on any node. Within a task only the training
 # processes act on the warning signal (srun passes it to every process of the task): the rest ignore it.
 export CORAG_SERVE_INDEX=$serve_index CORAG_LOG_DIR=$log_dir
 python=${PYTHON:-python}
+if (( nodes > 1 )); then "$python" -m corag.commands.rendezvous_store "$port" $$ & fi
 exec "$python" -m corag.commands.requeue \
   srun --kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --open-mode=append \
   --output="$log_dir/corag-$recipe-%j-node%t.log" \
@@ -105,8 +110,10 @@ exec "$python" -m corag.commands.requeue \
       echo "slurm_train.sh: node $SLURM_PROCID searches $url" >&2
       retriever=(--retriever "$url")
     fi
-    "$0" launch --config_file "$1" --num_machines "$2" --num_processes "$3" \
+    launch=("$0")  # several nodes: each joins the store of the batch shell
+    (( $2 == 1 )) || launch=("$python" -m corag.commands.accelerate_join "$0")
+    "${launch[@]}" launch --config_file "$1" --num_machines "$2" --num_processes "$3" \
       --machine_rank "$SLURM_PROCID" --main_process_ip "$4" --main_process_port "$5" --rdzv_backend c10d \
-      --rdzv_conf "is_host=$(( SLURM_PROCID == 0 ))" "${@:6}" ${retriever[@]+"${retriever[@]}"}' \
+      --rdzv_conf "is_host=$(( $2 == 1 ))" "${@:6}" ${retriever[@]+"${retriever[@]}"}' \
   "${ACCELERATE:-accelerate}" "$accel" "$nodes" "$(( nodes * per_node ))" "$head_addr" "$port" \
   "recipes/$recipe.py" --config "$config" ${args[@]+"${args[@]}"}
