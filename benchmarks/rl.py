@@ -7,7 +7,8 @@ For each seed (a target world of the quickstart's sizes, also the sampling and f
    it on the new chains (the round's wall time is measured).
 3. **GRPO of the same time**: recipes/grpo.py from the SFT model (configs/grpo/toy.yaml) on the same
    training questions, stopped after the step that passes the round's time; then **GRPO of four times it**,
-   and each of the two **with a token cost** (reward F1 - 0.1 or - 0.02 per 1,000 metered tokens). Time is
+   and runs **with a token cost** (reward F1 - 0.1 or - 0.02 per 1,000 metered tokens; advantages scaled by
+   the group's spread as in the toy config, or only centred). Time is
    counted as CPU seconds over torch's threads (`--time_limit_clock cpu`; the round's sampling and its
    SFT subprocess counted alike): the wall time on an idle machine, so that other load on a shared
    machine shortens neither side.
@@ -39,11 +40,12 @@ EVAL = "greedy:L=3"
 STOP = "greedy:L=3:stop_bias=0"  # the same, each chain ending where its stop decision (Yes likelier than No) says
 
 
-# GRPO runs from the SFT model: times the round's compute, and the token cost (reward points per 1,000
-# metered tokens taken off F1).
+# GRPO runs from the SFT model: times the round's compute, the token cost (reward points per 1,000
+# metered tokens taken off F1), and the advantage: scaled by the group's spread, or only centred.
 RUNS = {
-    "grpo": (1, 0.0), "grpo4": (4, 0.0), "grpo_cost": (1, 0.1), "grpo_lowcost": (1, 0.02),
-    "grpo4_cost": (4, 0.1), "grpo4_lowcost": (4, 0.02),
+    "grpo": (1, 0.0, "group"), "grpo4": (4, 0.0, "group"),
+    "grpo_cost": (1, 0.1, "group"), "grpo_lowcost": (1, 0.02, "group"), "grpo4_lowcost": (4, 0.02, "group"),
+    "grpo_lowcost_centred": (1, 0.02, "none"), "grpo4_lowcost_centred": (4, 0.02, "none"),
 }  # fmt: skip
 
 
@@ -93,11 +95,11 @@ def run_seed(seed: int, out: Path, runs: list[str]) -> dict:
     # 3. GRPO from the SFT model for the round's compute time or four times it, with or without a token cost.
     toy = REPO / "configs/grpo/toy.yaml"
     for name in runs:
-        times, cost = RUNS[name]
+        times, cost, scale = RUNS[name]
         config, folder = toy, out / "models" / name
         if cost:  # in a config file: a leading minus would read as a flag on the command line
-            config = out / f"grpo-token-cost-{cost}.yaml"
-            config.write_text(f"base: {toy}\nreward: [f1, -{cost}*tokens]\n")
+            config = out / f"grpo-token-cost-{cost}-{scale}.yaml"
+            config.write_text(f"base: {toy}\nreward: [f1, -{cost}*tokens]\nscale_rewards: {scale}\n")
         if (folder / "config.json").exists():
             continue
         args = [
@@ -185,7 +187,7 @@ def main() -> None:
     parser.add_argument(
         "--runs", nargs="+", choices=list(RUNS), default=list(RUNS),
         help="the GRPO runs (grpo: the round's time; 4: four times it; _cost, _lowcost: reward F1 - 0.1, "
-        "- 0.02 per 1,000 tokens)",
+        "- 0.02 per 1,000 tokens; _centred: advantages only centred, not scaled by the group's spread)",
     )  # fmt: skip
     args = parser.parse_args()
     seeds = {seed: run_seed(seed, Path(args.out) / f"seed{seed}", args.runs) for seed in args.seeds}
