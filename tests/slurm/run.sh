@@ -116,4 +116,6 @@ scancel "$service"
 grep -q "retrieval service at http://.*:$port" corag-sample-*_0.out
 corag merge --questions data/toy/train.jsonl --out data/chains/remote.jsonl runs/chains/remote/chains-*-of-00002.jsonl
 cmp data/chains/remote.jsonl data/chains/toy.jsonl  # the same chains through the service of its own
+step "7. one round of corag iterate with launcher slurm, and its rerun"
+bash "$repo/tests/slurm/iterate_round.sh" "$work"
 step "done: the cluster path ran end to end in $work"
