@@ -9,7 +9,8 @@ The config is read with the dataclasses of the stage's own command or recipe, so
 refuse is refused here too. The wall time is questions (or examples, or steps) x tokens each over the
 GPUs' throughput (corag.plan's figures, each with its source), over every GPU of every node; one line
 says when it passes the job's limit (the stage's launch script's `#SBATCH --time`, or `--time`) and how
-many nodes or submissions it needs.
+many nodes or submissions it needs. An iterate config (`rounds:`) under `launcher: slurm` is planned as
+the stage configs it names, each on the nodes its sbatch flags ask for.
 """
 
 from __future__ import annotations
