@@ -58,7 +58,7 @@ def test_sinfo_lines_and_generic_resources():
 
 def test_the_shipped_launchers_fit_a_small_node():
     for script in ("recipes/slurm_train.sh", "sampling/slurm_array.sh", "evaluation/slurm_eval.sh",
-                   "sampling/serve_retriever.sh"):  # fmt: skip
+                   "sampling/serve_retriever.sh", "sampling/slurm_pool.sh"):  # fmt: skip
         header = header_options((REPO / script).read_text())
         assert not [w for w in header if w.startswith(("--mem", "--cpus-per-task"))], script
         assert fits(SMALL, header) == "debug", script
