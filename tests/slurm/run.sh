@@ -5,6 +5,7 @@
 # (array ids, a 2-node list, fake GPU ids), every "node" being this machine.
 #
 #   bash tests/slurm/run.sh [WORK_DIR]      # default: a new temporary folder
+#   CORAG_SLURM=real bash tests/slurm/run.sh [WORK_DIR]   # on a real Slurm instead (tests/slurm/real_slurm.sh)
 #
 # Steps: toy data and index -> sampling array over 2 nodes, each node starting its own retrieval service
 # and waiting for it (--serve-index) -> merge -> build examples -> SFT on 2 nodes x 1 process (gloo)
@@ -18,7 +19,13 @@ work=${1:-$(mktemp -d -t corag-slurm-XXXXXX)}
 mkdir -p "$work"
 cd "$work"
 for folder in configs recipes sampling evaluation; do ln -sfn "$repo/$folder" "$folder"; done
-export PATH="$repo/tests/slurm/bin:$repo/.venv/bin:$PATH"
+# CORAG_SLURM=real: the real Slurm that SLURM_CONF names (tests/slurm/real_slurm.sh), not the stand-ins
+if [[ "${CORAG_SLURM:-}" == real ]]; then
+  : "${SLURM_CONF:?CORAG_SLURM=real needs SLURM_CONF: eval "\$(bash tests/slurm/real_slurm.sh)"}"
+  export PATH="$repo/.venv/bin:$PATH"
+else
+  export PATH="$repo/tests/slurm/bin:$repo/.venv/bin:$PATH"
+fi
 export FAKE_SLURM_DIR="$work/slurm" CORAG_PROCS_PER_NODE=1 OMP_NUM_THREADS=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled
 start=$SECONDS
@@ -118,4 +125,14 @@ corag merge --questions data/toy/train.jsonl --out data/chains/remote.jsonl runs
 cmp data/chains/remote.jsonl data/chains/toy.jsonl  # the same chains through the service of its own
 step "7. one round of corag iterate with launcher slurm, and its rerun"
 bash "$repo/tests/slurm/iterate_round.sh" "$work"
+if [[ "${CORAG_SLURM:-}" == real ]]; then  # the partition's nodes, as sinfo lists them (the stand-ins have none)
+  step "8. corag submit: the launch scripts' headers fit these small nodes; a job larger than any node is refused"
+  for script in sampling/slurm_array.sh recipes/slurm_train.sh sampling/serve_retriever.sh evaluation/slurm_eval.sh; do
+    corag submit "$script" --gpus-per-node=1 --cpus-per-task=1 --mem=4G --test-only
+  done
+  if corag submit sampling/serve_retriever.sh --cpus-per-task=64 --mem=4G -- data/index/toy runs/x.url 2> refused.txt; then
+    echo "tests/slurm/run.sh: corag submit let through a job no node can run"; exit 1
+  fi
+  grep -q -- "--cpus-per-task=64 asks 64 CPU(s) a node" refused.txt  # sbatch alone queues it for good (PartitionConfig)
+fi
 step "done: the cluster path ran end to end in $work"
