@@ -112,6 +112,28 @@ test "$(grep -c "retrieval service at" "corag-sample-${job}_0.out")" = 2  # the 
 corag merge --questions data/toy/train.jsonl --out data/chains/requeue.jsonl \
   runs/chains/requeue/chains-*-of-00002.jsonl  # every question exactly once, or it fails
 cmp data/chains/requeue.jsonl data/chains/toy.jsonl  # the same chains as the uninterrupted run of step 1
+step "5b. an evaluation job warned before its time limit stops its parts, requeues itself and resumes"
+# 2 nodes x 1 GPU: 2 parts of step 4's 6 questions, answered one at a time (--max_active 1). Warned once part
+# 0 has written its first answer, the parts end after the question in hand and nothing is merged; the job
+# requeues itself, and its rerun (the same job id, its output appended) answers the rest, merges and
+# writes the table: the merged predictions are step 4's one-process run's, to the byte.
+sbatch --wait --nodes=2 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
+  evaluation/slurm_eval.sh configs/eval/toy.yaml --serve-index data/index/toy --data data/toy/test.jsonl \
+  --out-root runs/eval-requeue -- --model runs/sft/toy --limit 6 --max_active 1 > submitted-eval.txt &
+evaluation=$!
+until [[ -s runs/eval-requeue/test/parts/part-00000-of-00002/greedy_L2/predictions.jsonl ]]; do
+  kill -0 "$evaluation" 2> /dev/null || { echo "the evaluation ended before it was warned"; exit 1; }
+  sleep 0.2
+done
+eval_job=$(sed -n 's/^Submitted batch job //p' submitted-eval.txt)
+scancel --signal=USR1 --batch "$eval_job"  # what --signal=B:USR1@600 sends 10 minutes before the limit
+wait "$evaluation"
+grep -q "no file merged, the rerun resumes" "corag-eval-$eval_job.out"
+grep -q "requeueing it (1 of at most 3)" "corag-eval-$eval_job.out"
+grep -q "stopped on the warning signal after" logs/corag-eval-"$eval_job"-test-part*.log  # in a part's log
+test "$(grep -c "searches http://127.0.0.1:" "corag-eval-$eval_job.out")" = 4  # each node's service, run and rerun
+cmp runs/eval-requeue/test/greedy_L2/predictions.jsonl runs/eval-one/test/greedy_L2/predictions.jsonl
+grep -q "| test | greedy:L=2 |" runs/eval-requeue/results.md
 step "6. a retrieval service job of its own, and the array submitted after it (--dependency=after)"
 port=$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 service=$(PORT=$port sbatch --parsable --gpus=1 --mem=4G sampling/serve_retriever.sh data/index/toy runs/retriever.url)
