@@ -402,7 +402,8 @@ class Executor:
 def _request_key(request: GenerationRequest | ScoreRequest) -> str | None:
     """What makes two requests give the same result, or None when they need not (unseeded sampling)."""
     if isinstance(request, ScoreRequest):
-        return json.dumps(["score", request.messages, request.target], sort_keys=True, ensure_ascii=False)
+        fields = [request.messages, request.target, request.temperature]
+        return json.dumps(["score", *fields], sort_keys=True, ensure_ascii=False)
     greedy = request.temperature <= 0
     if not greedy and request.seed is None:
         return None

@@ -39,7 +39,9 @@ class ScriptedLM:
 
     def score(self, requests):
         self.batches.append(list(requests))
-        return [Score((-1.0, -2.0), Usage(self.count_score_tokens(r), 0, 1)) for r in requests]
+        return [
+            Score((-1.0 / r.temperature, -2.0), Usage(self.count_score_tokens(r), 0, 1)) for r in requests
+        ]
 
     def count_prompt_tokens(self, messages):
         return words(messages)
@@ -265,6 +267,7 @@ async def repeated_calls(ctx: Context, i: int) -> list:
         seeded = GenerationRequest(({"role": "user", "content": "s"},), temperature=1.0, seed=turn)
         out.append((await ctx.generate(seeded)).texts)
         out.append((await ctx.score(ScoreRequest(({"role": "user", "content": "q"},), "a b"))).logprobs)
+        out.append((await ctx.score(ScoreRequest(({"role": "user", "content": "q"},), "a b", 0.5))).logprobs)
         out.append(await ctx.search(f"query {i % 2}", 3))
     out.append(ctx.meter.usage)
     return out
@@ -279,14 +282,15 @@ def test_identical_requests_are_computed_once_with_identical_results():
     (plain, lm0, ret0, ex0), (reused, lm1, ret1, ex1) = runs[False], runs[True]
     assert reused == plain  # the same texts, scores, hits and metered usage per question
     sent = [r for batch in lm1.batches for r in batch]
-    unseeded = [r for r in sent if getattr(r, "temperature", 0) > 0 and r.seed is None]
+    unseeded = [r for r in sent if isinstance(r, GenerationRequest) and r.temperature > 0 and r.seed is None]
     assert len(unseeded) == 12  # every unseeded sampling call went to the backend
-    # per turn: one greedy, one seeded, one scoring; the second turn's scoring repeats the first's
-    assert len(sent) - len(unseeded) == 2 + 2 + 1
-    assert len([r for b in lm0.batches for r in b]) == 6 * 2 * 4
+    # per turn: one greedy, one seeded, two scorings (at two temperatures: two results); the second
+    # turn's scorings repeat the first's
+    assert len(sent) - len(unseeded) == 2 + 2 + 2
+    assert len([r for b in lm0.batches for r in b]) == 6 * 2 * 5
     assert [len(q) for q, _ in ret1.calls] == [2, 2] and [len(q) for q, _ in ret0.calls] == [6, 6]
     stats = ex1.dedup_stats
-    assert stats["reused_calls"] == 6 * 2 * 4 - len(sent)
+    assert stats["reused_calls"] == 6 * 2 * 5 - len(sent)
     assert 0 < stats["saved_prompt_tokens"] < stats["prompt_tokens"]
     assert ex0.dedup_stats["saved_prompt_tokens"] == 0
 
