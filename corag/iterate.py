@@ -500,13 +500,11 @@ def run_job(command: list[str]) -> None:
 def slurm_metrics(cfg: IterateConfig, out_root: Path) -> dict[str, Path]:
     """Each method's metrics.json as evaluation/slurm_eval.sh writes it: OUT_ROOT/<file>/<run>/, the run's
     folder named as `corag evaluate` names it."""
+    from corag.commands.evaluate import run_folder
     from corag.evaluation import parse_runs
 
     name = Path(cfg.eval_data).name.removesuffix(".jsonl")
-    return {
-        run.name: out_root / name / run.name.replace(":", "_").replace("=", "") / "metrics.json"
-        for run in parse_runs(cfg.methods)
-    }
+    return {run.name: run_folder(out_root / name, run) / "metrics.json" for run in parse_runs(cfg.methods)}
 
 
 def evaluate_round(
