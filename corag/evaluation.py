@@ -81,6 +81,11 @@ class Run:
         return dict(self.settings)
 
 
+def run_folder(out_dir: Path, run: Run) -> Path:
+    """Where a run writes: its name, as a folder name."""
+    return out_dir / run.name.replace(":", "_").replace("=", "")
+
+
 def _value(text: str) -> Any:
     for cast in (int, float):
         try:

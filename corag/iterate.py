@@ -500,8 +500,7 @@ def run_job(command: list[str]) -> None:
 def slurm_metrics(cfg: IterateConfig, out_root: Path) -> dict[str, Path]:
     """Each method's metrics.json as evaluation/slurm_eval.sh writes it: OUT_ROOT/<file>/<run>/, the run's
     folder named as `corag evaluate` names it."""
-    from corag.commands.evaluate import run_folder
-    from corag.evaluation import parse_runs
+    from corag.evaluation import parse_runs, run_folder
 
     name = Path(cfg.eval_data).name.removesuffix(".jsonl")
     return {run.name: run_folder(out_root / name, run) / "metrics.json" for run in parse_runs(cfg.methods)}

@@ -50,6 +50,7 @@ from corag.evaluation import (
     part_folder,
     part_questions,
     read_predictions,
+    run_folder,
     run_method,
     score_records,
     unanswered,
@@ -132,11 +133,6 @@ OUT_MARKS = ("metrics.json", "*/predictions.jsonl", "results.md", PARTS)
 # Options that say how a run is split, not what it answers: left out of the settings in metrics.json,
 # so that merged parts write the metrics one process writes.
 SPLIT_OPTIONS = ("shard", "num_shards", "merge")
-
-
-def run_folder(out_dir: Path, run: Run) -> Path:
-    """Where a run writes: its name, as a folder name."""
-    return out_dir / run.name.replace(":", "_").replace("=", "")
 
 
 @dataclass
