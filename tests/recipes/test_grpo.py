@@ -87,7 +87,12 @@ def test_the_readme_commands_parse():
     assert (data.questions, model.model_name_or_path, grpo.num_generations) == (
         "runs/quickstart/world/train.jsonl", "runs/quickstart/models/corag", 4,
     )  # fmt: skip
-    assert rollout.reward == ["f1"] and set(rollout.sampled_calls) == {"subquery", "subanswer", "stop", "final"}
+    assert rollout.reward == ["f1"] and set(rollout.sampled_calls) == {
+        "subquery",
+        "subanswer",
+        "stop",
+        "final",
+    }
     assert len(parsed) == 2 and parsed[1][3].use_vllm  # the cluster command: an 8B config on vLLM
 
 
