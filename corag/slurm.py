@@ -9,7 +9,9 @@ question, an optimizer step), saves it, and returns `stopped(...)`: exit status 
 batch shell asks for it (CORAG_REQUEUE_FILE, set by `python -m corag.commands.requeue`), a mark file on
 the shared file system that says the same where a launcher does not pass the status on (torchelastic
 reports a worker's non-zero status as a failure). The batch shell then requeues the job, and the rerun
-resumes from what was saved."""
+resumes from what was saved. The batch shell also leaves a warning file (CORAG_WARNED_FILE) the moment the
+warning comes: a program that started too late to be sent the signal (the next file of an evaluation
+part, one whose handler was not yet installed) reads the warning from it."""
 
 from __future__ import annotations
 
@@ -277,13 +279,27 @@ def check(request: Request, groups: list[NodeGroup], default: str | None) -> str
 STOPPED = 75  # the exit status of a program stopped early on the warning signal (EX_TEMPFAIL: run it again)
 WARNING_SIGNAL = signal.SIGUSR1
 MARK_ENV = "CORAG_REQUEUE_FILE"
+WARNED_ENV = "CORAG_WARNED_FILE"
 
 
 class StopRequest:
-    """Set once the warning signal arrives; the program stops at its next safe point."""
+    """Set once the warning signal arrives, or once the batch shell's warning file exists (CORAG_WARNED_FILE:
+    the signal is lost on a program that starts after it came, or before its handler is installed); the
+    program stops at its next safe point."""
 
     def __init__(self) -> None:
-        self.received = False
+        self._received = False
+        self.warned_file = os.environ.get(WARNED_ENV)
+
+    @property
+    def received(self) -> bool:
+        if not self._received and self.warned_file and os.path.exists(self.warned_file):
+            self._received = True
+        return self._received
+
+    @received.setter
+    def received(self, value: bool) -> None:
+        self._received = value
 
     def install(self) -> StopRequest:
         """Catch the warning signal from now on (also where the launcher left it ignored)."""

@@ -17,7 +17,9 @@
 # At the time limit: Slurm warns the job 10 minutes before (--signal=B:USR1@600; another margin with sbatch
 # --signal=B:USR1@SECONDS, more than a question takes); the batch shell (python -m corag.commands.requeue)
 # passes the warning to srun, which passes it to every process of the nodes, and each part ends after the
-# question in hand, its answers whole lines, and starts no other file (exit status 75). Once any part
+# question in hand, its answers whole lines, and starts no other file (exit status 75); a part between two
+# files, or still starting, reads the warning from the batch shell's file (CORAG_WARNED_FILE) and stops
+# before it loads anything. Once any part
 # stopped, no file is merged and the job requeues itself (the same job id, logs appended); the rerun skips
 # the finished parts and resumes the others, then merges every file and writes the table; at most
 # CORAG_MAX_REQUEUES times (default 3), then it fails in one line.

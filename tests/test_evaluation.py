@@ -219,6 +219,33 @@ def test_a_part_warned_mid_run_exits_stopped_and_its_rerun_merges_into_the_one_p
         assert ids == [e.id for e in toy_world.test[:6]]
 
 
+def test_a_part_begun_after_the_warning_stops_before_it_loads_anything(
+    toy_world, toy_dir, short_model_dir, tmp_path, capsys, monkeypatch, warning_handler
+):
+    """The warning came before this part began (between two files of a Slurm part, which never saw the
+    signal): the batch shell's warning file says so, and the part exits stopped without loading the corpus
+    or the model and without writing; unwarned, the same part answers."""
+    from corag.retrieval.bm25 import build_bm25_folder
+
+    build_bm25_folder([toy_world.passages], tmp_path / "bm25")
+    part = ["--model", short_model_dir, "--data", toy_dir / "test.jsonl", "--corpus", toy_dir / "corpus.jsonl",
+            "--retriever", tmp_path / "bm25", "--limit", 4, "--methods", "greedy:L=1",
+            "--out-dir", tmp_path / "out", "--num-shards", 2, "--shard", 1]  # fmt: skip
+    warned = tmp_path / "warned-7"
+    warned.write_text("warned\n")
+    monkeypatch.setenv("CORAG_WARNED_FILE", str(warned))
+    with monkeypatch.context() as patch:
+        patch.setattr(Corpus, "load", lambda *a, **k: pytest.fail("loaded the corpus after the warning"))
+        status, err = evaluate(capsys, *part)
+    assert status == 75, err
+    assert "after part 1 of 2, no question (warned before anything loaded)" in err
+    assert not list((tmp_path / "out").rglob("predictions.jsonl"))
+    warned.unlink()
+    assert evaluate(capsys, *part)[0] == 0
+    (answers,) = (tmp_path / "out").rglob("predictions.jsonl")
+    assert len(answers.read_text().splitlines()) == 2
+
+
 def test_tables_and_plot(tmp_path):
     results = {
         "greedy:L=1": {"em": 10.0, "f1": 12.0, "cover_em": 11.0, "tokens_per_question": 500.0, "calls_per_question": 3.0, "em_by_hops": {"2": 20.0, "3": 0.0}},

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from corag.errors import InputError
-from corag.slurm import check, header_options, parse_gres, parse_request, parse_sinfo
+from corag.slurm import StopRequest, check, header_options, parse_gres, parse_request, parse_sinfo
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -147,3 +147,14 @@ def test_processes_started_while_the_warning_is_held_never_act_on_it(how):
         assert (inside, child) == ("False", "None")  # the child lives on
     else:
         assert (inside, child) == ("True", str(-signal.SIGUSR1))  # the child dies of it
+
+
+def test_a_stop_request_reads_the_warning_file_once_it_exists(tmp_path, monkeypatch):
+    warned = tmp_path / "warned-7"
+    monkeypatch.setenv("CORAG_WARNED_FILE", str(warned))
+    stop = StopRequest()
+    assert not stop.received
+    warned.write_text("warned\n")
+    assert stop.received
+    warned.unlink()
+    assert stop.received  # once warned, warned for good

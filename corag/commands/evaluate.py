@@ -252,6 +252,13 @@ def answer(job: Job, examples: list[Example], out_dir: Path, *, part: bool = Fal
 
     questions, decoding, args, engine, limits = job.configs
     decoding.require("model", "corpus", "retriever")
+    done = [  # resume files of another dataset: refused before the model loads
+        check_resume(run_folder(out_dir, run) / "predictions.jsonl", job.loaded, questions.data)
+        for run in job.runs
+    ]
+    todo = any(e.id not in ids for ids in done for e in examples)
+    if todo and job.stop is not None and job.stop.received:  # warned before it began: load nothing
+        return "no question (warned before anything loaded)"
     corpus = Corpus.load(decoding.corpus)
     check_corpus(decoding.retriever, corpus)  # before the model loads
     if any(run.method in STRATEGIES for run in job.runs):
@@ -259,11 +266,6 @@ def answer(job: Job, examples: list[Example], out_dir: Path, *, part: bool = Fal
         print(
             f"final-answer documents: the data's context_doc_ids for {given} of {len(examples)} question(s)"
         )
-    done = [  # resume files of another dataset: refused before the model loads
-        check_resume(run_folder(out_dir, run) / "predictions.jsonl", job.loaded, questions.data)
-        for run in job.runs
-    ]
-    todo = any(e.id not in ids for ids in done for e in examples)
     with warning_held():  # the engine's own processes never act on the warning; this one takes it after
         lm, retriever = decoding.load(engine) if todo else (None, None)
     extra: dict[str, Any] = {}

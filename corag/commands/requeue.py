@@ -6,12 +6,14 @@
     ...
     exec python -m corag.commands.requeue COMMAND [ARGS ...]
 
-Runs COMMAND (srun, or a launcher on this node) with CORAG_REQUEUE_FILE set. Slurm's warning (SIGUSR1,
-sent to the batch shell alone with `B:`) is passed on to COMMAND, whose programs finish the work in hand,
-save it and stop (corag.slurm.stopped: exit status 75, the mark file). Then the job requeues itself
+Runs COMMAND (srun, or a launcher on this node) with CORAG_REQUEUE_FILE and CORAG_WARNED_FILE set.
+Slurm's warning (SIGUSR1, sent to the batch shell alone with `B:`) is passed on to COMMAND, whose programs
+finish the work in hand, save it and stop (corag.slurm.stopped: exit status 75, the mark file); the
+warning file, written first, tells it to a program that starts later (corag.slurm.StopRequest). Then the job requeues itself
 (`scontrol requeue`: the same job id, SLURM_RESTART_COUNT one higher) and the rerun resumes; after
 CORAG_MAX_REQUEUES requeues (default 3) it fails in one line instead. Otherwise it exits as COMMAND did.
-The mark file is `$CORAG_LOG_DIR/stopped-<job>` (logs/ by default), on the file system every node shares.
+The mark file is `$CORAG_LOG_DIR/stopped-<job>` (logs/ by default) and the warning file
+`$CORAG_LOG_DIR/warned-<job>`, on the file system every node shares; both are removed as the job ends.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from corag.slurm import MARK_ENV, STOPPED, WARNING_SIGNAL, job_tag
+from corag.slurm import MARK_ENV, STOPPED, WARNED_ENV, WARNING_SIGNAL, job_tag
 
 PROG = "requeue"
 
@@ -42,7 +44,8 @@ def max_requeues(env: Mapping[str, str]) -> int:
 
 
 def run(command: list[str], env: dict[str, str]) -> tuple[int, bool]:
-    """COMMAND's exit status, and whether the warning signal came while it ran (passed on to it)."""
+    """COMMAND's exit status, and whether the warning signal came while it ran (passed on to it, after the
+    warning file is written)."""
     warned = False
     child: subprocess.Popen | None = None
 
@@ -50,6 +53,7 @@ def run(command: list[str], env: dict[str, str]) -> tuple[int, bool]:
         nonlocal warned
         warned = True
         say("the time limit is near: asking the job to save what it has and stop")
+        Path(env[WARNED_ENV]).write_text("warned\n")
         if child is not None and child.poll() is None:
             child.send_signal(signum)
 
@@ -87,14 +91,17 @@ def main(argv: list[str] | None = None) -> int:
         say("usage: python -m corag.commands.requeue COMMAND [ARGS ...]")
         return 2
     env = dict(os.environ)
-    mark = Path(env.get("CORAG_LOG_DIR", "logs")) / f"stopped-{job_tag(env) or os.getpid()}"
-    mark.parent.mkdir(parents=True, exist_ok=True)
-    mark.unlink(missing_ok=True)
-    env[MARK_ENV] = str(mark.resolve())
+    log_dir, tag = Path(env.get("CORAG_LOG_DIR", "logs")), job_tag(env) or str(os.getpid())
+    mark, warned_file = log_dir / f"stopped-{tag}", log_dir / f"warned-{tag}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for path in (mark, warned_file):  # left by a run of this job that was killed
+        path.unlink(missing_ok=True)
+    env[MARK_ENV], env[WARNED_ENV] = str(mark.resolve()), str(warned_file.resolve())
     code, warned = run(command, env)
     # A command the warning reached as it exited (its own handler gone) stopped on it too.
     stopped = code == STOPPED or (warned and code == -WARNING_SIGNAL) or mark.exists()
-    mark.unlink(missing_ok=True)
+    for path in (mark, warned_file):
+        path.unlink(missing_ok=True)
     if stopped:
         return requeue(env)
     if warned and code == 0:

@@ -95,6 +95,35 @@ def test_the_warning_reaches_the_command_and_an_array_task_requeues_itself(
     assert not list((job / "logs").glob("stopped-*"))  # the mark is gone, so a rerun starts clean
 
 
+# A task that ignores the warning signal, as a shell that loops over programs does, and starts its next
+# program only after the warning came: that program was never sent it and reads it from the warning file.
+LATE = """
+trap '' USR1
+touch "$1"
+while [ ! -e "$CORAG_WARNED_FILE" ]; do sleep 0.05; done
+exec "$2" -c 'import sys; from corag.slurm import StopRequest; sys.exit(75 if StopRequest().received else 0)'
+"""
+
+
+def test_a_program_started_after_the_warning_reads_it_from_the_warning_file(job: Path):
+    ready = job / "ready"
+    task = ["bash", "-c", LATE, "late", str(ready), sys.executable]
+    shell = subprocess.Popen(
+        [sys.executable, "-m", "corag.commands.requeue", *task],
+        cwd=job,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while not ready.exists():
+        assert shell.poll() is None, shell.stderr.read()
+        time.sleep(0.05)
+    shell.send_signal(signal.SIGUSR1)
+    _, err = shell.communicate(timeout=60)
+    assert shell.returncode == 0, err
+    assert calls(job) == ["requeue 7"]  # the late program stopped (75), so the job requeues
+    assert list((job / "logs").iterdir()) == []  # the warning file is gone: the rerun starts unwarned
+
+
 def test_past_the_limit_the_job_fails_in_one_line(job: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     monkeypatch.setenv("CORAG_MAX_REQUEUES", "2")
