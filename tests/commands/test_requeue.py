@@ -72,6 +72,19 @@ def test_a_stopped_command_requeues_the_job(job: Path):
     assert "requeueing it (1 of at most 3)" in done.stderr
 
 
+def warned_once_ready(job: Path, ready: Path, command: list[str]) -> tuple[int, str]:
+    """The batch shell running `command`, sent Slurm's warning once `ready` exists: (status, stderr)."""
+    shell = subprocess.Popen(
+        [sys.executable, "-m", "corag.commands.requeue", *command], cwd=job, stderr=subprocess.PIPE, text=True
+    )
+    while not ready.exists():
+        assert shell.poll() is None, shell.stderr.read()
+        time.sleep(0.05)
+    shell.send_signal(signal.SIGUSR1)  # Slurm's B:USR1 reaches the batch shell alone
+    _, err = shell.communicate(timeout=60)
+    return shell.returncode, err
+
+
 @pytest.mark.parametrize("how", ["mark", "status"])
 def test_the_warning_reaches_the_command_and_an_array_task_requeues_itself(
     job: Path, monkeypatch: pytest.MonkeyPatch, how: str
@@ -79,18 +92,8 @@ def test_the_warning_reaches_the_command_and_an_array_task_requeues_itself(
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "5")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
     ready = job / "ready"
-    shell = subprocess.Popen(
-        [sys.executable, "-m", "corag.commands.requeue", sys.executable, "-c", WAITER, str(ready), how],
-        cwd=job,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    while not ready.exists():
-        assert shell.poll() is None, shell.stderr.read()
-        time.sleep(0.05)
-    shell.send_signal(signal.SIGUSR1)  # Slurm's B:USR1 reaches the batch shell alone
-    _, err = shell.communicate(timeout=60)
-    assert shell.returncode == 0, err
+    code, err = warned_once_ready(job, ready, [sys.executable, "-c", WAITER, str(ready), how])
+    assert code == 0, err
     assert calls(job) == ["requeue 5_1"]  # this task, not the whole array
     assert not list((job / "logs").glob("stopped-*"))  # the mark is gone, so a rerun starts clean
 
@@ -107,19 +110,8 @@ exec "$2" -c 'import sys; from corag.slurm import StopRequest; sys.exit(75 if St
 
 def test_a_program_started_after_the_warning_reads_it_from_the_warning_file(job: Path):
     ready = job / "ready"
-    task = ["bash", "-c", LATE, "late", str(ready), sys.executable]
-    shell = subprocess.Popen(
-        [sys.executable, "-m", "corag.commands.requeue", *task],
-        cwd=job,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    while not ready.exists():
-        assert shell.poll() is None, shell.stderr.read()
-        time.sleep(0.05)
-    shell.send_signal(signal.SIGUSR1)
-    _, err = shell.communicate(timeout=60)
-    assert shell.returncode == 0, err
+    code, err = warned_once_ready(job, ready, ["bash", "-c", LATE, "late", str(ready), sys.executable])
+    assert code == 0, err
     assert calls(job) == ["requeue 7"]  # the late program stopped (75), so the job requeues
     assert list((job / "logs").iterdir()) == []  # the warning file is gone: the rerun starts unwarned
 
