@@ -19,10 +19,11 @@
 # passes the warning to srun, which passes it to every process of the nodes, and each part ends after the
 # question in hand, its answers whole lines, and starts no other file (exit status 75); a part between two
 # files, or still starting, reads the warning from the batch shell's file (CORAG_WARNED_FILE) and stops
-# before it loads anything. Once any part
-# stopped, no file is merged and the job requeues itself (the same job id, logs appended); the rerun skips
-# the finished parts and resumes the others, then merges every file and writes the table; at most
-# CORAG_MAX_REQUEUES times (default 3), then it fails in one line.
+# before it loads anything. Once any part stopped, no file is merged and the job requeues itself (the same
+# job id, logs appended); the rerun skips the finished parts and resumes the others, then merges every file
+# and writes the table; at most CORAG_MAX_REQUEUES times (default 3), then it fails in one line. A part
+# that failed fails the job (not requeued, nothing merged), whatever the other parts did; resubmitting
+# resumes it.
 # --serve-index INDEX (the shipped layout) starts each node's own retrieval service first (its shards over
 # the node's GPUs, on loopback; python -m corag.commands.node_service), waits until it answers, and stops it
 # at the end; the node's engines run beside it and search it. With --retriever-url-file instead (a service
@@ -96,11 +97,18 @@ export CORAG_EVAL_JOB=$job CORAG_EVAL_RETRIEVER=$retriever CORAG_SERVE_INDEX=$se
 export CORAG_EVAL_WAIT_MINUTES=$wait_minutes CORAG_LOG_DIR=$log_dir PYTHON=$python CORAG_EVAL_NODES=$nodes
 # One node: its service (with --serve-index), then its engines, each answering its part of every file
 # in turn. Arguments: the files, --, the flags for corag evaluate. Status 1 if a part failed, else 75 if
-# one stopped on the warning. srun passes the warning to every process of the node: only corag evaluate
-# acts on it, the rest ignore it.
+# one stopped on the warning; a node that fails, however, leaves the job's failure mark (srun reports the
+# highest status of its nodes, and a failed node beside a stopped one must not read as a stop). srun passes
+# the warning to every process of the node: only corag evaluate acts on it, the rest ignore it.
 node_task='set -euo pipefail
   trap "" USR1
-  node=${SLURM_PROCID:-0} files=() retriever=() pids=() failed=0 stopped=0
+  node=${SLURM_PROCID:-0} files=() retriever=() pids=() failed=0 stopped=0 service=""
+  on_exit() {
+    local code=$?
+    [[ -z "$service" ]] || { kill "$service" 2>/dev/null || true; wait "$service" 2>/dev/null || true; }
+    (( code == 0 || code == 75 )) || : > "$CORAG_LOG_DIR/failed-$CORAG_EVAL_JOB"
+  }
+  trap on_exit EXIT
   while [[ "$1" != "--" ]]; do files+=("$1"); shift; done
   shift
   [[ -z "$CORAG_EVAL_RETRIEVER" ]] || retriever=(--retriever "$CORAG_EVAL_RETRIEVER")
@@ -110,7 +118,6 @@ node_task='set -euo pipefail
     "$PYTHON" -m corag.commands.node_service "$CORAG_SERVE_INDEX" "$base.url" --log "$base.log" \
       --wait-minutes "$CORAG_EVAL_WAIT_MINUTES" &
     service=$!
-    trap '"'"'kill "$service" 2>/dev/null || true; wait "$service" 2>/dev/null || true'"'"' EXIT
     url=$("$PYTHON" -m corag.commands.wait_service "$base.url" --service-pid "$service" \
       --wait-minutes "$CORAG_EVAL_WAIT_MINUTES")
     echo "slurm_eval.sh: node $node searches $url" >&2
@@ -169,6 +176,8 @@ job_task='set -euo pipefail
   shift
   while [[ "$1" != "--" ]]; do files+=("$1"); shift; done
   shift
+  failed_mark="$CORAG_LOG_DIR/failed-$CORAG_EVAL_JOB"
+  rm -f "$failed_mark"
   runner=(bash -c "$node_task" slurm-eval-node)
   if [[ -n "${SLURM_JOB_ID:-}" ]]; then
     runner=(srun --nodes="$CORAG_EVAL_NODES" --ntasks="$CORAG_EVAL_NODES" --ntasks-per-node=1 "${runner[@]}")
@@ -181,6 +190,10 @@ job_task='set -euo pipefail
   while kill -0 "$runner_pid" 2>/dev/null; do wait "$runner_pid" || true; done
   status=0
   wait "$runner_pid" || status=$?
+  if [[ -e "$failed_mark" ]]; then  # a node failed, whatever the others did
+    rm -f "$failed_mark"
+    (( status != 0 && status != 75 )) || status=1
+  fi
   logs="$CORAG_LOG_DIR/corag-eval-$CORAG_EVAL_JOB-*-part*.log"
   if (( status == 75 )); then
     echo "slurm_eval.sh: a part stopped on the warning before the time limit (see $logs); no file merged, the rerun resumes" >&2

@@ -37,8 +37,12 @@ if "--out-dir" in argv:
     run = Path(argv[argv.index("--out-dir") + 1]) / "greedy_L6"
     run.mkdir(parents=True, exist_ok=True)
     (run / "metrics.json").write_text(json.dumps({"run": "greedy:L=6", "count": 2, "em": 50.0, "f1": 60.0}))
-if "--stop-part" in argv and "--shard" in argv and argv[argv.index("--stop-part") + 1] == argv[argv.index("--shard") + 1]:
+def given(flag):
+    return flag in argv and "--shard" in argv and argv[argv.index(flag) + 1] == argv[argv.index("--shard") + 1]
+if given("--stop-part"):
     sys.exit(75)  # stopped on Slurm's warning (corag.slurm.STOPPED)
+if given("--fail-part"):
+    sys.exit(3)
 sys.exit(3 if "--fail" in sys.argv else 0)
 """
 
@@ -476,6 +480,35 @@ def test_evaluation_with_a_part_stopped_on_the_warning_merges_nothing_and_exits_
     assert "part 0 of d/hotpotqa.jsonl stopped on the warning before the time limit" in done.stderr
     assert "no file merged, the rerun resumes" in done.stderr
     assert not (tmp / "runs" / "eval" / "results.md").exists()
+
+
+# Stands for srun in a job of N nodes: the command once a node (SLURM_PROCID), and the highest status of the
+# nodes, as srun reports it.
+SRUN = """#!/usr/bin/env bash
+nodes=1
+while [[ "$1" == --* ]]; do [[ "$1" != --nodes=* ]] || nodes=${1#--nodes=}; shift; done
+pids=()
+for (( i = 0; i < nodes; i++ )); do SLURM_PROCID=$i "$@" & pids+=($!); done
+highest=0
+for pid in "${pids[@]}"; do code=0; wait "$pid" || code=$?; (( code <= highest )) || highest=$code; done
+exit $highest
+"""
+
+
+def test_evaluation_with_one_node_failed_and_another_stopped_fails_and_is_not_requeued(cluster):
+    """Two nodes: part 0 stops on the warning (75), part 1 fails. srun reports 75, the highest; the job still
+    fails (status 1, the failure said), and the batch shell does not requeue it."""
+    tmp = cluster[0]
+    for name, text in (("srun", SRUN), ("scontrol", f'#!/bin/sh\necho "$@" >> {tmp}/scontrol.txt\n')):
+        (tmp / "bin" / name).write_text(text)
+        (tmp / "bin" / name).chmod(0o755)
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "CUDA_VISIBLE_DEVICES": "0"}
+    flags = ["--", "--stop-part", "0", "--fail-part", "1"]
+    done = evaluate(cluster, "--data", "d/hotpotqa.jsonl", *flags, env=env)
+    assert done.returncode == 1, done.stderr
+    assert "part 1 of d/hotpotqa.jsonl failed" in done.stderr and "a part failed" in done.stderr
+    assert not (tmp / "scontrol.txt").exists()  # not requeued
+    assert not list((tmp / "logs").glob("failed-*"))  # the mark is gone with the job
 
 
 def test_evaluation_whose_service_cannot_start_fails_at_once(cluster):
