@@ -14,7 +14,8 @@ gives a job: job and array ids, the node list, the submission folder, GPUs as fa
 As Slurm does: `--time` ends a job at its limit (SIGTERM to every process, SIGKILL after
 FAKE_SLURM_KILL_WAIT seconds, default 5; state TIMEOUT); `--signal` sends SIG that many seconds before
 the limit (default 60), to the batch shell alone with `B:`, else to the processes of the job's steps
-(what srun started); srun forwards the signals it receives to every process of its tasks; `scontrol
+(what srun started); srun forwards the signals it receives to every process of its tasks and returns the
+highest exit status of its tasks (128 + N for a task ended by signal N), as srun's man page says; `scontrol
 requeue` ends the running job the same way and runs its script again under the same job id, with
 SLURM_RESTART_COUNT one higher and its output appended; `scancel --signal` signals the steps, the batch
 shell alone (`--batch`) or the batch shell and every process of the job (`--full`). A job id names one
@@ -492,7 +493,7 @@ def srun(argv: list[str]) -> int:
                         if other.poll() is None:
                             other.terminate()
         time.sleep(0.2)
-    return next((c for c in codes.values() if c), 0)
+    return max(c if c >= 0 else 128 - c for c in codes.values())
 
 
 def jobs_named(name: str) -> list[int]:
