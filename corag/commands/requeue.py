@@ -9,9 +9,10 @@
 Runs COMMAND (srun, or a launcher on this node) with CORAG_REQUEUE_FILE and CORAG_WARNED_FILE set.
 Slurm's warning (SIGUSR1, sent to the batch shell alone with `B:`) is passed on to COMMAND, whose programs
 finish the work in hand, save it and stop (corag.slurm.stopped: exit status 75, the mark file); the
-warning file, written first, tells it to a program that starts later (corag.slurm.StopRequest). Then the job requeues itself
-(`scontrol requeue`: the same job id, SLURM_RESTART_COUNT one higher) and the rerun resumes; after
-CORAG_MAX_REQUEUES requeues (default 3) it fails in one line instead. Otherwise it exits as COMMAND did.
+warning file, written first, tells it to a program that starts later (corag.slurm.StopRequest). Then the
+job requeues itself (`scontrol requeue`: the same job id, SLURM_RESTART_COUNT one higher) and the rerun
+resumes; after CORAG_MAX_REQUEUES requeues (default 3) it fails in one line instead. Otherwise it exits as
+COMMAND did.
 The mark file is `$CORAG_LOG_DIR/stopped-<job>` (logs/ by default) and the warning file
 `$CORAG_LOG_DIR/warned-<job>`, on the file system every node shares; both are removed as the job ends.
 """
