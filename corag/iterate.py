@@ -52,11 +52,22 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from corag.config import load_yaml
-from corag.data.jsonl import atomic_write, check_output, iter_jsonl, read_jsonl, write_jsonl
+from corag.data.jsonl import (
+    JsonlAppender,
+    atomic_write,
+    check_output,
+    file_sha256,
+    iter_jsonl,
+    read_jsonl,
+    write_jsonl,
+)
 from corag.errors import InputError
 from corag.resources import CONFIGS, SFT_RECIPE
-from corag.sampling import SamplingConfig, merge_shards, shard_path
+from corag.sampling import SamplingConfig, iter_chain_scores, merge_shards, shard_path
+from corag.slurm import StopRequest
 from corag.types import Example
 
 INITS = ("base", "last")
@@ -255,14 +266,16 @@ def pool_chains(
     load_sampler: Callable[[], Any],
     scoring_prompt: str,
     path: Path,
-) -> None:
+    *,
+    sampler: str,
+    stop: StopRequest | None = None,
+) -> bool:
     """Write `path`: for each question of the last round's chains, the best of its chains in the rounds'
-    chain `files` (by round, oldest first), compared under the last round's sampler (`load_sampler`
-    loads it, only when there are earlier chains): its own chains keep their scores, the earlier rounds'
-    are scored again by it (under `scoring_prompt`, the prompt it sampled with). Each record gets that
-    `score` and the `round` that sampled it."""
-    from corag.sampling import score_chains
-
+    chain `files` (by round, oldest first), compared under the last round's sampler (`sampler`, which
+    `load_sampler` loads, only when earlier chains are left to score): its own chains keep their scores,
+    the earlier rounds' are scored again by it (under `scoring_prompt`, the prompt it sampled with;
+    `rescore`). Each record gets that `score` and the `round` that sampled it. False, and no pool, when
+    `stop` (Slurm's warning) came first: a rerun goes on with the chains scored so far."""
     by_id = {e.id: e for e in questions}
     chains = {k: read_jsonl(file) for k, file in files.items()}
     for k, records in chains.items():
@@ -277,11 +290,20 @@ def pool_chains(
     rounds = list(files)
     last = rounds[-1]
     earlier = [record for k in rounds[:-1] for record in chains[k]]
-    rescored = iter(score_chains(earlier, by_id, corpus, load_sampler(), scoring_prompt) if earlier else [])
+    inputs = {
+        "sampler": sampler,
+        "scoring_prompt": scoring_prompt,
+        "chains": {str(k): file_sha256(files[k]) for k in rounds[:-1]},
+    }
+    scores = path.with_name(path.name.removesuffix(".jsonl") + ".scores.jsonl")
+    rescored = rescore(earlier, by_id, corpus, load_sampler, scoring_prompt, scores, inputs, stop)
+    if rescored is None:
+        return False
+    again = iter(rescored)
     candidates: dict[str, list[tuple[float, int, dict[str, Any]]]] = {}
     for k in rounds:
         for record in chains[k]:
-            score = record["score"] if k == last else next(rescored)
+            score = record["score"] if k == last else next(again)
             candidates.setdefault(record["query_id"], []).append((score, k, record))
     # max keeps the first of equal scores: the oldest chain
     best = (max(candidates[r["query_id"]], key=lambda c: c[0]) for r in chains[last])
@@ -289,6 +311,51 @@ def pool_chains(
         {**record, "score": score, "scoring_prompt": scoring_prompt, "round": k} for score, k, record in best
     )
     write_jsonl(path, kept)
+    scores.unlink(missing_ok=True)
+    return True
+
+
+def rescore(
+    earlier: Sequence[dict[str, Any]],
+    by_id: dict[str, Example],
+    corpus: Any,
+    load_sampler: Callable[[], Any],
+    scoring_prompt: str,
+    scores: Path,
+    inputs: dict[str, Any],
+    stop: StopRequest | None,
+) -> list[float] | None:
+    """The scores of the `earlier` chains under the sampler, each appended to `scores` as it comes (after a
+    first line naming the `inputs`: the sampler, the prompt and each earlier file's hash), so that a pool
+    that was stopped or killed goes on with what it scored; a `scores` file of other inputs is refused.
+    None when `stop` came before every chain was scored."""
+    if not earlier:
+        return []
+    with JsonlAppender(scores) as out:
+        if not out.existing:
+            out.append({"inputs": inputs})
+        elif out.existing[0] != {"inputs": inputs}:
+            raise InputError(
+                "these scores were made with other inputs (sampler, scoring prompt or chain files); "
+                "remove the file to score again",
+                file=str(scores),
+                field="inputs",
+            )
+        done = {line["chain"]: line["score"] for line in out.existing[1:]}
+        todo = [i for i in range(len(earlier)) if i not in done]
+        if todo and stop is not None and stop.received:
+            return None
+        if todo:
+            chains = [earlier[i] for i in todo]
+            scored = iter_chain_scores(chains, by_id, corpus, load_sampler(), scoring_prompt)
+            with tqdm(total=len(earlier), initial=len(done), desc="scoring earlier rounds' chains") as bar:
+                for j, score in scored:
+                    out.append({"chain": todo[j], "score": score})
+                    done[todo[j]] = score
+                    bar.update()
+                    if stop is not None and stop.received and len(done) < len(earlier):
+                        return None
+    return [done[i] for i in range(len(earlier))]
 
 
 def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]]:
@@ -339,7 +406,9 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
         else:
             sample = partial(sample_here, questions, corpus, sampler, retriever, config, chains)
             load = partial(load_lm, sampler)
-            make_pool = partial(pool_chains, files, questions, corpus, load, config.scoring_prompt, pool)
+            make_pool = partial(
+                pool_chains, files, questions, corpus, load, config.scoring_prompt, pool, sampler=sampler
+            )
             chains_data = {**data, "chains": str(pool)}
             train = partial(run_recipe, cfg.recipe, cfg.sft_config, start, model, chains_data, extra)
         folder.mkdir(exist_ok=True)

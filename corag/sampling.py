@@ -24,7 +24,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,15 +191,16 @@ async def sample_question(
     return record
 
 
-def score_chains(
+def iter_chain_scores(
     records: Sequence[dict[str, Any]],
     examples: dict[str, Example],
     corpus: CorpusLike,
     lm: Any,
     scoring_prompt: str = SCORING_PROMPTS[0],
-) -> list[float]:
-    """Each chain record's score under `lm`, as sampling scores a chain: the mean log-likelihood of its
-    question's first gold answer (`examples` by id) given the chain, under `scoring_prompt`."""
+) -> Iterator[tuple[int, float]]:
+    """(index, score) of each chain record as its scoring finishes, in any order; the score as sampling
+    scores a chain: the mean log-likelihood of its question's first gold answer (`examples` by id) given
+    the chain, under `scoring_prompt`."""
 
     async def one(ctx: Context, record: dict[str, Any]) -> float:
         steps = [Step(s["subquery"], s["subanswer"], tuple(s["doc_ids"])) for s in record["steps"]]
@@ -208,11 +209,20 @@ def score_chains(
         return round_score(await gold_logprob(ctx, examples[record["query_id"]], steps, passages))
 
     runner = Executor(lm)
+    yield from runner.stream(one(runner.context(), r) for r in records)
+
+
+def score_chains(
+    records: Sequence[dict[str, Any]],
+    examples: dict[str, Example],
+    corpus: CorpusLike,
+    lm: Any,
+    scoring_prompt: str = SCORING_PROMPTS[0],
+) -> list[float]:
+    """Each chain record's score under `lm` (`iter_chain_scores`), in the records' order."""
     scores = [0.0] * len(records)
-    coros = (one(runner.context(), r) for r in records)
-    for i, score in tqdm(
-        runner.stream(coros), total=len(records), desc="scoring", unit="chain", file=sys.stderr
-    ):
+    scored = iter_chain_scores(records, examples, corpus, lm, scoring_prompt)
+    for i, score in tqdm(scored, total=len(records), desc="scoring", unit="chain", file=sys.stderr):
         scores[i] = score
     return scores
 

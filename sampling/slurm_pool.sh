@@ -9,13 +9,20 @@
 #       0=data/chains/multihopqa.jsonl 1=runs/iterate/llama3.1-8b/round1/chains.jsonl 2=runs/iterate/llama3.1-8b/round2/chains.jsonl
 #
 # Scoring is one forward pass a chain (no generation, no retrieval), by one engine: at 8B about 300
-# tokens a chain without documents, 125k chains an earlier round. It writes the pool only when done; a
-# job that ends before that scores again when resubmitted.
+# tokens a chain without documents, 125k chains an earlier round. Each new score is kept as it comes
+# (beside the pool, in its .scores.jsonl); at the time limit Slurm warns the job 10 minutes before
+# (--signal=B:USR1@600), the batch shell (python -m corag.commands.requeue) passes the warning on, the
+# scoring stops after the chain in hand, and the job requeues itself and goes on from the scores kept; a
+# job resubmitted after a crash goes on from them too. The pool is written once every chain is scored.
 #SBATCH --job-name=corag-pool
 #SBATCH --nodes=1
 #SBATCH --gpus-per-node=1
 #SBATCH --time=12:00:00
+#SBATCH --signal=B:USR1@600
+#SBATCH --requeue
+#SBATCH --open-mode=append
 #SBATCH --output=corag-pool-%j.out
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
-exec "${PYTHON:-python}" -m corag.commands.pool "$@"
+python=${PYTHON:-python}
+exec "$python" -m corag.commands.requeue "$python" -m corag.commands.pool "$@"

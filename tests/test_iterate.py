@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,62 @@ def test_round0_chains_are_candidates_too(flags, toy_world, toy_dir, tiny_model_
             assert (p["round"], p["steps"]) == ((0, g["steps"]) if score > o["score"] else (1, o["steps"]))
     rows = json.loads((out / "rounds.json").read_text())
     assert rows[0]["from_earlier_rounds"] == sum(p["round"] == 0 for p in pool)
+
+
+class WarnedAfter:
+    """Slurm's warning, come once `checks` looks at it were made."""
+
+    def __init__(self, checks: int) -> None:
+        self.checks = checks
+
+    @property
+    def received(self) -> bool:
+        self.checks -= 1
+        return self.checks < 0
+
+
+def test_a_stopped_pool_goes_on_with_the_chains_it_scored(
+    toy_world, toy_dir, tiny_model_dir, tmp_path, monkeypatch
+):
+    """Warned while it scores the earlier rounds' chains, the pool keeps each score as it came and writes no
+    pool; its rerun scores only the rest, and the pool is an uninterrupted run's, to the byte."""
+    questions = load_examples(str(toy_dir / "train.jsonl"))
+    corpus = Corpus.load(str(toy_dir / "corpus.jsonl"))
+    files = {}
+    for k, depth in enumerate((3, 1, 2)):  # three rounds' chains for 4 questions: 8 earlier ones
+        records = [
+            chain_record(
+                e, SampledChain(e.decomposition[:depth], -float(k), depth, None), [], SamplingConfig(), ""
+            )
+            for e in toy_world.train[:4]
+        ]
+        files[k] = tmp_path / f"round{k}.jsonl"
+        write_jsonl(files[k], records)
+    scored = []
+    score = corag.iterate.iter_chain_scores
+    monkeypatch.setattr(
+        corag.iterate,
+        "iter_chain_scores",
+        lambda chains, *a: (scored.append(len(chains)), score(chains, *a))[1],
+    )
+
+    def pool(path: Path, stop=None, sampler: str = "m") -> bool:
+        load = partial(load_lm, tiny_model_dir)
+        return corag.iterate.pool_chains(
+            files, questions, corpus, load, "final", path, sampler=sampler, stop=stop
+        )
+
+    assert pool(tmp_path / "whole.jsonl") and scored == [8]
+    assert not (tmp_path / "whole.scores.jsonl").exists()  # gone once the pool is written
+    assert not pool(tmp_path / "pool.jsonl", stop=WarnedAfter(3))
+    kept = read_jsonl(tmp_path / "pool.scores.jsonl")[1:]
+    assert not (tmp_path / "pool.jsonl").exists() and 1 <= len(kept) < 8
+    with pytest.raises(InputError, match="made with other inputs") as err:
+        pool(tmp_path / "pool.jsonl", sampler="another model")
+    assert err.value.field == "inputs"
+    assert pool(tmp_path / "pool.jsonl")
+    assert scored == [8, 8, 8 - len(kept)]  # the rerun scored only what was left
+    assert (tmp_path / "pool.jsonl").read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
 
 
 def test_other_settings_in_the_same_folder_are_refused(flags, tmp_path):

@@ -5,17 +5,22 @@ again, and the best chain per question over the rounds becomes the round's train
 
     python -m corag.commands.pool SAMPLING_CONFIG --model SAMPLER --questions Q --corpus C [--limit N] \
         --out POOL ROUND=CHAINS [ROUND=CHAINS ...]   # rounds oldest first; the last is the round's own
+
+The earlier chains' new scores go to POOL's `.scores.jsonl` file as they come: on Slurm's warning it stops
+(exit status 75) and a rerun goes on from there; the file is removed once the pool is written.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from corag.commands.sample import CONFIGS as SAMPLE_CONFIGS
 from corag.config import parse_config
 from corag.errors import InputError
+from corag.slurm import StopRequest, stopped
 
 
 @dataclass
@@ -47,6 +52,7 @@ def round_files(words: list[str]) -> dict[int, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    stop = StopRequest().install()  # Slurm's warning before the time limit: keep what was scored, stop
     args = parse_config(PoolArgs, argv, __doc__.splitlines()[0])
     files = round_files(args.chains)
     # The sampling config as `corag sample` reads it: the scoring prompt and the engine settings.
@@ -58,9 +64,12 @@ def main(argv: list[str] | None = None) -> int:
 
     questions = load_examples(args.questions)[: args.limit]
     corpus = Corpus.load(args.corpus)
-    pool_chains(
-        files, questions, corpus, lambda: engine.load(args.model), sampling.scoring_prompt, Path(args.out)
-    )
+    load = partial(engine.load, args.model)  # called only when chains are left to score
+    out = Path(args.out)
+    if not pool_chains(
+        files, questions, corpus, load, sampling.scoring_prompt, out, sampler=args.model, stop=stop
+    ):
+        return stopped(f"the earlier rounds' chains scored so far, beside {out}")
     print(f"pool of {len(files)} round(s) written to {args.out}")
     return 0
 
