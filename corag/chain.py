@@ -11,14 +11,14 @@ import hashlib
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from corag import tasks
 from corag.budget import BudgetExceeded
 from corag.errors import InputError
 from corag.executor import Context
-from corag.lm.base import LM, Completion, GenerationRequest, Message, Sample, ScoreRequest
+from corag.lm.base import LM, Completion, GenerationRequest, Message, Sample, Score, ScoreRequest
 from corag.prompts import (
     ANSWER_MAX_NEW_TOKENS,
     FINAL_NUM_DOCS,
@@ -123,10 +123,10 @@ def _generation(lm: LM, messages: list[Message], max_new_tokens: int, **kw: Any)
     return GenerationRequest(tuple(messages), max_new_tokens=max_new_tokens, **kw)
 
 
-def scoring_request(lm: LM, messages: list[Message], target: str) -> ScoreRequest:
+def scoring_request(lm: LM, messages: list[Message], target: str, temperature: float = 1.0) -> ScoreRequest:
     """A score request for `target` after `messages`, the prompt cut to fit the context with it."""
     room = lm.count_score_tokens(ScoreRequest(tuple(messages), target)) - lm.count_prompt_tokens(messages)
-    return ScoreRequest(tuple(fit_context(lm, messages, max(room, 0))), target)
+    return ScoreRequest(tuple(fit_context(lm, messages, max(room, 0))), target, temperature)
 
 
 async def next_subquery(
@@ -268,12 +268,20 @@ async def should_stop(ctx: Context, query: str, steps: Sequence[Step], task_desc
     forward pass each. Picking the likelier of the two is the same as decoding with the output
     constrained to the two answers and a logit bias `bias` added to "Yes"; larger bias stops earlier.
     """
-    messages = stop_messages(query, steps, task_desc, tok=ctx.lm)
-    yes, no = await ctx.gather(
-        ctx.score(scoring_request(ctx.lm, messages, STOP_YES)),
-        ctx.score(scoring_request(ctx.lm, messages, STOP_NO)),
-    )
+    _, yes, no = await stop_scores(ctx, query, steps, task_desc)
     return sum(yes.logprobs) + bias > sum(no.logprobs)
+
+
+async def stop_scores(
+    ctx: Context, query: str, steps: Sequence[Step], task_desc: str, temperature: float = 1.0
+) -> tuple[tuple[Message, ...], Score, Score]:
+    """The stop prompt (as scored) and its Yes and No turns' scores at `temperature`, in one batch."""
+    messages = stop_messages(query, steps, task_desc, tok=ctx.lm)
+    yes_request, no_request = (
+        scoring_request(ctx.lm, messages, target, temperature) for target in (STOP_YES, STOP_NO)
+    )
+    yes, no = await ctx.gather(ctx.score(yes_request), ctx.score(no_request))
+    return yes_request.messages, yes, no
 
 
 async def stop_choice(
@@ -289,12 +297,7 @@ async def stop_choice(
     """
     if temperature <= 0:
         return await should_stop(ctx, query, steps, task_desc, 0.0)
-    messages = stop_messages(query, steps, task_desc, tok=ctx.lm)
-    yes_request, no_request = (
-        replace(scoring_request(ctx.lm, messages, target), temperature=temperature)
-        for target in (STOP_YES, STOP_NO)
-    )
-    yes, no = await ctx.gather(ctx.score(yes_request), ctx.score(no_request))
+    prompt, yes, no = await stop_scores(ctx, query, steps, task_desc, temperature)
     p_yes = 1.0 / (1.0 + math.exp(min(sum(no.logprobs) - sum(yes.logprobs), 700.0)))  # 700: exp's range
     stop = random.Random(seed).random() < p_yes
     if ctx.trace is not None:
@@ -305,7 +308,7 @@ async def stop_choice(
             )
         sample = Sample(chosen.prompt_ids, chosen.token_ids, chosen.logprobs)
         request = GenerationRequest(
-            yes_request.messages, len(chosen.token_ids), temperature=temperature, seed=seed, logprobs=True
+            prompt, len(chosen.token_ids), temperature=temperature, seed=seed, logprobs=True
         )
         ctx.trace.append((request, Completion((text,), yes.usage + no.usage, (sample,))))  # what it cost
     return stop

@@ -263,19 +263,19 @@ def pool_chains(
     files: dict[int, Path],
     questions: Sequence[Example],
     corpus: Any,
-    load_sampler: Callable[[], Any],
+    sampler: str,
+    load: Callable[[str], Any],
     scoring_prompt: str,
     path: Path,
     *,
-    sampler: str,
     stop: StopRequest | None = None,
 ) -> bool:
     """Write `path`: for each question of the last round's chains, the best of its chains in the rounds'
-    chain `files` (by round, oldest first), compared under the last round's sampler (`sampler`, which
-    `load_sampler` loads, only when earlier chains are left to score): its own chains keep their scores,
-    the earlier rounds' are scored again by it (under `scoring_prompt`, the prompt it sampled with;
-    `rescore`). Each record gets that `score` and the `round` that sampled it. False, and no pool, when
-    `stop` (Slurm's warning) came first: a rerun goes on with the chains scored so far."""
+    chain `files` (by round, oldest first), compared under the last round's `sampler` (`load` loads it,
+    only when earlier chains are left to score): its own chains keep their scores, the earlier rounds'
+    are scored again by it (under `scoring_prompt`, the prompt it sampled with; `rescore`). Each record
+    gets that `score` and the `round` that sampled it. False, and no pool, when `stop` (Slurm's warning)
+    came first: a rerun goes on with the chains scored so far."""
     by_id = {e.id: e for e in questions}
     chains = {k: read_jsonl(file) for k, file in files.items()}
     for k, records in chains.items():
@@ -296,7 +296,7 @@ def pool_chains(
         "chains": {str(k): file_sha256(files[k]) for k in rounds[:-1]},
     }
     scores = path.with_name(path.name.removesuffix(".jsonl") + ".scores.jsonl")
-    rescored = rescore(earlier, by_id, corpus, load_sampler, scoring_prompt, scores, inputs, stop)
+    rescored = rescore(earlier, by_id, corpus, partial(load, sampler), scoring_prompt, scores, inputs, stop)
     if rescored is None:
         return False
     again = iter(rescored)
@@ -405,9 +405,8 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
             train = partial(run_job, train_job(cfg, start, pool, model, extra))
         else:
             sample = partial(sample_here, questions, corpus, sampler, retriever, config, chains)
-            load = partial(load_lm, sampler)
             make_pool = partial(
-                pool_chains, files, questions, corpus, load, config.scoring_prompt, pool, sampler=sampler
+                pool_chains, files, questions, corpus, sampler, load_lm, config.scoring_prompt, pool
             )
             chains_data = {**data, "chains": str(pool)}
             train = partial(run_recipe, cfg.recipe, cfg.sft_config, start, model, chains_data, extra)

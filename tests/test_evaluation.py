@@ -106,12 +106,17 @@ def test_bad_prediction_files_get_one_clear_error(tmp_path, lines, field, messag
     assert str(path) in str(err.value) and repr(field) in str(err.value)
 
 
-def test_an_interrupted_evaluation_resumes_where_it_stopped(toy_world, toy_dir, short_model_dir, tmp_path):
-    examples = toy_world.test[:4]
+def greedy_on_the_toy_world(toy_world, toy_dir, short_model_dir) -> tuple:
+    """The short model, BM25 over the toy corpus, the corpus, and a one-step greedy run."""
     lm = load_lm(short_model_dir)
     retriever = BM25Retriever.from_passages(list(toy_world.passages))
     corpus = Corpus.load(toy_dir / "corpus.jsonl")
-    run = Run("greedy", (("max_steps", 1),))
+    return lm, retriever, corpus, Run("greedy", (("max_steps", 1),))
+
+
+def test_an_interrupted_evaluation_resumes_where_it_stopped(toy_world, toy_dir, short_model_dir, tmp_path):
+    examples = toy_world.test[:4]
+    lm, retriever, corpus, run = greedy_on_the_toy_world(toy_world, toy_dir, short_model_dir)
     full = run_method(run, examples, lm, retriever, corpus, tmp_path / "full.jsonl", progress=False)
     # A crash left two whole records and half of a third; the rest is resumed with the asyncio executor.
     lines = (tmp_path / "full.jsonl").read_text().splitlines(keepends=True)
@@ -139,10 +144,7 @@ def test_a_warning_mid_run_stops_after_whole_questions_and_a_rerun_answers_the_r
     toy_world, toy_dir, short_model_dir, tmp_path, monkeypatch
 ):
     examples = toy_world.test[:5]
-    lm = load_lm(short_model_dir)
-    retriever = BM25Retriever.from_passages(list(toy_world.passages))
-    corpus = Corpus.load(toy_dir / "corpus.jsonl")
-    run = Run("greedy", (("max_steps", 1),))
+    lm, retriever, corpus, run = greedy_on_the_toy_world(toy_world, toy_dir, short_model_dir)
     full = run_method(run, examples, lm, retriever, corpus, tmp_path / "full.jsonl", progress=False)
     warned = tmp_path / "warned.jsonl"
     monkeypatch.setattr("corag.evaluation.JsonlAppender", StopAfter)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -168,10 +167,10 @@ def test_a_stopped_pool_goes_on_with_the_chains_it_scored(
     )
 
     def pool(path: Path, stop=None, sampler: str = "m") -> bool:
-        load = partial(load_lm, tiny_model_dir)
-        return corag.iterate.pool_chains(
-            files, questions, corpus, load, "final", path, sampler=sampler, stop=stop
-        )
+        def load(name: str):  # the sampler's name goes into the scores file; the tiny model scores
+            return load_lm(tiny_model_dir)
+
+        return corag.iterate.pool_chains(files, questions, corpus, sampler, load, "final", path, stop=stop)
 
     assert pool(tmp_path / "whole.jsonl") and scored == [8]
     assert not (tmp_path / "whole.scores.jsonl").exists()  # gone once the pool is written

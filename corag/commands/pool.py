@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from corag.commands.sample import CONFIGS as SAMPLE_CONFIGS
@@ -64,10 +63,9 @@ def main(argv: list[str] | None = None) -> int:
 
     questions = load_examples(args.questions)[: args.limit]
     corpus = Corpus.load(args.corpus)
-    load = partial(engine.load, args.model)  # called only when chains are left to score
     out = Path(args.out)
     if not pool_chains(
-        files, questions, corpus, load, sampling.scoring_prompt, out, sampler=args.model, stop=stop
+        files, questions, corpus, args.model, engine.load, sampling.scoring_prompt, out, stop=stop
     ):
         return stopped(f"the earlier rounds' chains scored so far, beside {out}")
     print(f"pool of {len(files)} round(s) written to {args.out}")
