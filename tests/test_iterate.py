@@ -145,7 +145,7 @@ def test_a_stopped_pool_goes_on_with_the_chains_it_scored(
     toy_world, toy_dir, tiny_model_dir, tmp_path, monkeypatch
 ):
     """Warned while it scores the earlier rounds' chains, the pool keeps each score as it came and writes no
-    pool; its rerun scores only the rest, and the pool is an uninterrupted run's, to the byte."""
+    pool; its rerun scores only the rest, and the pool is an uninterrupted run's."""
     questions = load_examples(str(toy_dir / "train.jsonl"))
     corpus = Corpus.load(str(toy_dir / "corpus.jsonl"))
     files = {}
@@ -182,7 +182,11 @@ def test_a_stopped_pool_goes_on_with_the_chains_it_scored(
     assert err.value.field == "inputs"
     assert pool(tmp_path / "pool.jsonl")
     assert scored == [8, 8, 8 - len(kept)]  # the rerun scored only what was left
-    assert (tmp_path / "pool.jsonl").read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+    # The same chain kept for every question; a score may move in its last digit, the rest of the chains
+    # being batched otherwise after the stop (seen on a real Slurm: 3 of 600 scores, by 1e-6).
+    resumed, whole = read_jsonl(tmp_path / "pool.jsonl"), read_jsonl(tmp_path / "whole.jsonl")
+    assert [{**r, "score": 0} for r in resumed] == [{**r, "score": 0} for r in whole]
+    assert [r["score"] for r in resumed] == pytest.approx([r["score"] for r in whole], abs=2e-6)
 
 
 def test_other_settings_in_the_same_folder_are_refused(flags, tmp_path):
