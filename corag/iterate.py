@@ -331,7 +331,8 @@ def rescore(
     None when `stop` came before every chain was scored."""
     if not earlier:
         return []
-    with JsonlAppender(scores) as out:
+    # Flushed, not fsynced, line by line: a score lost in a machine crash is only scored again.
+    with JsonlAppender(scores, fsync=False) as out:
         if not out.existing:
             out.append({"inputs": inputs})
         elif out.existing[0] != {"inputs": inputs}:
