@@ -1,4 +1,5 @@
-"""`corag serve-retriever INDEX`: serve an index over HTTP for many workers (corag.retrieval.service)."""
+"""`corag serve-retriever INDEX [--corpus CORPUS]`: serve an index over HTTP for many workers
+(corag.retrieval.service); with its corpus, also as Search-R1's retrieval server (`POST /retrieve`)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,15 @@ class ServeArgs:
         default=5.0, metadata={"help": "longest a batch waits for requests still being read (none: no wait)"}
     )
     official_k: int = field(default=5, metadata={"help": "top-k of the official API (POST /)"})
+    corpus: str | None = field(
+        default=None,
+        metadata={
+            "help": "the index's corpus: also answer Search-R1's API (POST /retrieve) with its passages"
+        },
+    )
+    retrieve_k: int = field(
+        default=3, metadata={"help": "top-k of Search-R1's API when a request names none"}
+    )
     workers: int = field(default=1, metadata={"help": "processes behind the address (each loads the index)"})
 
 
@@ -71,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.official_k <= args.max_k:
         raise SystemExit(
             f"corag serve-retriever: error: --official-k must be between 1 and --max-k ({args.max_k})"
+        )
+    if not 1 <= args.retrieve_k <= args.max_k:
+        raise SystemExit(
+            f"corag serve-retriever: error: --retrieve-k must be between 1 and --max-k ({args.max_k})"
         )
     options = {
         k: v

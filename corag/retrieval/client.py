@@ -1,4 +1,5 @@
-"""A Retriever that searches through `corag serve-retriever`, or the official CoRAG E5 server, over HTTP."""
+"""A Retriever that searches through `corag serve-retriever`, the official CoRAG E5 server or a Search-R1
+retrieval server, over HTTP."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import httpx
 from corag.errors import InputError
 from corag.types import Hit
 
-APIS = ("auto", "corag", "official")
+APIS = ("auto", "corag", "official", "search-r1")
+RETRIEVE_PATH = "/retrieve"  # Search-R1's endpoint; a URL that ends with it names that API
 RETRY_ENV = "CORAG_RETRIEVER_RETRY_SECONDS"  # the retry budget of every client a command opens
 RETRY_SECONDS = 600.0  # long enough for a service job to be requeued and load its index again
 
@@ -40,7 +42,12 @@ class RetrieverClient:
     of at most `max_queries` (the service's default limit). `api="official"` speaks the official CoRAG
     E5 server's (`POST /` with {"query"} answering [{"doc_id", "score"}], its top-k fixed by the
     server): one request per query, `concurrency` at a time, each cut to k (a server whose top-k is
-    smaller returns fewer hits, with a warning). `api="auto"` asks /health, which only ours answers.
+    smaller returns fewer hits, with a warning). `api="search-r1"` speaks Search-R1's retrieval server
+    (search_r1/search/retrieval_server.py: `POST /retrieve` with {"queries", "topk", "return_scores"},
+    answering {"result": [[{"document": {"id", "contents"}, "score"}]]}), each document's `id` taken as
+    the corpus id. `api="auto"` takes a URL ending in `/retrieve` (as Search-R1's configs write it,
+    `http://127.0.0.1:8000/retrieve`) for Search-R1's API, and otherwise asks /health, which only ours
+    answers.
     """
 
     def __init__(
@@ -58,6 +65,8 @@ class RetrieverClient:
         if api not in APIS:
             raise InputError(f"unknown retrieval API {api!r}; choose one of {APIS}", field="api")
         self.url = url.rstrip("/")
+        if api in ("auto", "search-r1") and self.url.endswith(RETRIEVE_PATH):
+            self.url, api = self.url[: -len(RETRIEVE_PATH)], "search-r1"
         self.retry_seconds = default_retry_seconds() if retry_seconds is None else retry_seconds
         self.retries, self.backoff_s, self.max_backoff_s = retries, backoff_s, max_backoff_s
         self.max_queries = max_queries
@@ -66,11 +75,13 @@ class RetrieverClient:
         self._warned_short = False
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
-        if self._api() == "official":
+        api = self._api()
+        if api == "official":
             return self._search_official(list(queries), k)
+        post = self._post_search_r1 if api == "search-r1" else self._post
         hits: list[list[Hit]] = []
         for start in range(0, len(queries), self.max_queries):
-            hits += self._post(list(queries[start : start + self.max_queries]), k)
+            hits += post(list(queries[start : start + self.max_queries]), k)
         return hits
 
     def health(self) -> dict:
@@ -78,7 +89,7 @@ class RetrieverClient:
 
     def fingerprint(self) -> str:
         """The index fingerprint the service reports ("" for a server that reports none)."""
-        if self._api() == "official":
+        if self._api() in ("official", "search-r1"):
             return ""
         return str(self._request("GET", "/health", None).json().get("index", ""))
 
@@ -110,6 +121,16 @@ class RetrieverClient:
     def _post(self, queries: list[str], k: int) -> list[list[Hit]]:
         rows = self._request("POST", "/search", {"queries": queries, "k": k}).json()["hits"]
         return [[_hit(h) for h in row] for row in rows]
+
+    def _post_search_r1(self, queries: list[str], k: int) -> list[list[Hit]]:
+        body = {"queries": queries, "topk": k, "return_scores": True}
+        rows = self._request("POST", RETRIEVE_PATH, body).json().get("result")
+        if not isinstance(rows, list) or len(rows) != len(queries):
+            raise InputError(
+                f"the Search-R1 server at {self.url} answered {len(queries)} queries with {rows!r:.80}",
+                field="result",
+            )
+        return [[_retrieved_hit(item, self.url) for item in row] for row in rows]
 
     def _request(self, method: str, path: str, body: dict | None) -> httpx.Response:
         """One request, retried while the service is unreachable or busy (503) within the retry budget;
@@ -167,6 +188,17 @@ class RetrieverClient:
 def _hit(h: dict) -> Hit:
     """A hit from either API; doc ids may come as numbers (corpus row numbers) and are kept as text."""
     return Hit(str(h["doc_id"]), float(h["score"]))
+
+
+def _retrieved_hit(item: object, url: str) -> Hit:
+    """A hit from Search-R1's API: `{"document": {"id", ...}, "score"}`; the document's id is the corpus id."""
+    document = item.get("document") if isinstance(item, dict) else None
+    if not isinstance(document, dict) or "id" not in document or "score" not in item:
+        raise InputError(
+            f"the Search-R1 server at {url} answered a hit without document.id or score: {item!r:.80}",
+            field="result",
+        )
+    return Hit(str(document["id"]), float(item["score"]))
 
 
 def _detail(r: httpx.Response) -> str:

@@ -3,6 +3,11 @@
 POST /search {"queries": [...], "k": int} -> {"hits": [[{"doc_id", "score"}, ...], ...]}
 POST /       {"query": str} -> [{"doc_id", "score"}, ...]   (the official CoRAG E5 server's API; its
              top-k is the service's `--official-k`, so the official agent can use this service)
+POST /retrieve {"queries": [...], "topk": int | null, "return_scores": bool}
+             -> {"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]} with return_scores,
+             {"result": [[{"id", "contents"}, ...], ...]} without (Search-R1's retrieval server's API, so
+             its training and evaluation can search this service; needs `--corpus`, whose passages come
+             back as wiki-18 stores them: `contents` is the title line, a newline and the text)
 GET /health -> {"status": "ok", "searches": ..., "queries": ..., "index": fingerprint}
 
 Requests that arrive together, on either API, are coalesced: a batching loop takes everything queued
@@ -23,15 +28,18 @@ import time
 from collections.abc import Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
 
 from corag.retrieval.base import Retriever
-from corag.types import Hit
+from corag.types import Hit, Passage
+
+if TYPE_CHECKING:
+    from corag.data.corpus import Corpus
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -46,6 +54,16 @@ class OfficialRequest(BaseModel):
     """The official E5 server's request: one query, top-k fixed by the server."""
 
     query: StrictStr
+
+
+class RetrieveRequest(BaseModel):
+    """Search-R1's request (search_r1/search/retrieval_server.py, `QueryRequest`): its fields and
+    defaults; a missing or null `topk` is the server's own (`--retrieve-k`, 3 as released)."""
+
+    model_config = ConfigDict(extra="forbid")
+    queries: list[StrictStr]
+    topk: StrictInt | None = None
+    return_scores: StrictBool = False
 
 
 @dataclass
@@ -134,6 +152,12 @@ def _hits_json(row: list[Hit]) -> list[dict]:
     return [{"doc_id": h.doc_id, "score": h.score} for h in row]
 
 
+def document_json(p: Passage) -> dict:
+    """A passage as Search-R1's server returns it: the corpus line of wiki-18, `{"id", "contents"}` with
+    the title as the first line of `contents` (the layout the release's `_passages2string` reads)."""
+    return {"id": p.id, "contents": f"{p.title}\n{p.contents}" if p.title else p.contents}
+
+
 def _invalid(e: ValidationError) -> JSONResponse:
     errors = [{"loc": list(err["loc"]), "msg": err["msg"]} for err in e.errors(include_url=False)]
     return JSONResponse({"detail": errors}, status_code=422)
@@ -172,11 +196,15 @@ def create_app(
     max_wait_ms: float = 5.0,
     official_k: int = 5,
     fingerprint: str = "",
+    corpus: Corpus | None = None,
+    retrieve_k: int = 3,
 ) -> FastAPI:
     """The HTTP app around `retriever`, with request limits (413 too large, 422 malformed).
 
     `official_k` is the top-k of the official API (`POST /`); `fingerprint` names the index in
-    /health, so clients can tell which index answers wherever the service runs."""
+    /health, so clients can tell which index answers wherever the service runs. `corpus` (the index's
+    own) gives Search-R1's API (`POST /retrieve`) its documents; `retrieve_k` is that API's default
+    top-k."""
     batcher = Batcher(retriever, max_batch, max_wait_ms / 1000)
 
     @asynccontextmanager
@@ -196,6 +224,7 @@ def create_app(
             "queries": batcher.queries,
             "index": fingerprint,
             "official_k": official_k,
+            "retrieve_k": retrieve_k if corpus is not None else None,
         }
 
     @app.post("/")
@@ -223,6 +252,33 @@ def create_app(
             return JSONResponse({"hits": []})
         hits = await batcher.search(req.queries, req.k)
         return JSONResponse({"hits": [_hits_json(row) for row in hits]})
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> JSONResponse:
+        with batcher.arriving():
+            req = await _parse(request, RetrieveRequest, max_body_bytes)
+        if isinstance(req, JSONResponse):
+            return req
+        if corpus is None:
+            return _error(404, "this service has no corpus to return documents from (start it with --corpus)")
+        if len(req.queries) > max_queries:
+            return _error(413, f"{len(req.queries)} queries in one request; at most {max_queries}")
+        k = retrieve_k if req.topk is None else req.topk
+        if not 1 <= k <= max_k:  # the release reads topk 0 as its default; here it is refused
+            return JSONResponse(
+                {"detail": [{"loc": ["topk"], "msg": f"topk must be between 1 and {max_k}"}]}, status_code=422
+            )
+        hits = await batcher.search(req.queries, k) if req.queries else []
+        documents = await asyncio.to_thread(
+            lambda: [[document_json(p) for p in corpus.get_many([h.doc_id for h in row])] for row in hits]
+        )
+        if not req.return_scores:
+            return JSONResponse({"result": documents})
+        scored = [
+            [{"document": d, "score": h.score} for d, h in zip(docs, row, strict=True)]
+            for docs, row in zip(documents, hits, strict=True)
+        ]
+        return JSONResponse({"result": scored})
 
     return app
 
@@ -257,9 +313,16 @@ OPTIONS_ENV = "CORAG_SERVE_RETRIEVER_OPTIONS"  # how `--workers` hands the optio
 
 
 def build_app(options: dict) -> FastAPI:
-    """Load the index named in `options` (the command's arguments) and wrap it in the app."""
-    from corag.retrieval import index_fingerprint, load_retriever
+    """Load the index named in `options` (the command's arguments), and its corpus when one is named
+    (checked to be the index's own before the index loads), and wrap them in the app."""
+    from corag.retrieval import check_corpus, index_fingerprint, load_retriever
 
+    corpus = None
+    if options.get("corpus"):
+        from corag.data.corpus import Corpus
+
+        corpus = Corpus.load(options["corpus"])
+        check_corpus(options["index"], corpus)
     extra = {"approx": options["approx"]} if options.get("approx") else {}
     retriever = load_retriever(
         options["index"], device=options.get("device"), index_devices=options.get("index_devices"), **extra
@@ -273,6 +336,8 @@ def build_app(options: dict) -> FastAPI:
         options["max_wait_ms"],
         official_k=options["official_k"],
         fingerprint=index_fingerprint(options["index"]),
+        corpus=corpus,
+        retrieve_k=options.get("retrieve_k", 3),
     )
 
 
