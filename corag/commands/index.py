@@ -2,6 +2,7 @@
 
     corag index CORPUS --out DIR [--kind bm25] [--model minilm] [--shard i --num-shards n | --merge]
     corag index CORPUS --out DIR --from-embeddings DIR        # the released CoRAG embeddings
+    corag index CORPUS --out DIR --from-faiss e5_Flat.index --model e5-base-v2   # Search-R1's index
     corag index CORPUS --out DIR --approx ivf-pq              # also an approximate faiss index
 
 How the folders are laid out, resumed and merged: corag/retrieval/index.py.
@@ -19,15 +20,18 @@ from corag.data.corpus import Corpus
 from corag.data.jsonl import check_output
 from corag.errors import InputError
 from corag.lm.hub import check_model_source
-from corag.retrieval.dense import Encoder, resolve_model
+from corag.retrieval.dense import Encoder, model_key, resolve_model
 from corag.retrieval.index import (
     APPROX_KINDS,
     CHUNK_DIR,
     DEFAULT_CHUNK_SIZE,
+    FAISS_QUERY_MAX_LENGTH,
+    EncoderSettings,
     build_approx,
     build_bm25,
     build_dense,
     import_embeddings,
+    import_faiss,
     is_complete,
     merge_dense,
 )
@@ -49,7 +53,9 @@ class IndexConfig:
     passage_prefix: str | None = field(
         default=None, metadata={"help": "overrides the preset's passage prefix"}
     )
-    query_max_length: int | None = field(default=None, metadata={"help": "query tokens kept (E5: 64)"})
+    query_max_length: int | None = field(
+        default=None, metadata={"help": "query tokens kept (E5: 64; with --from-faiss: 256, as released)"}
+    )
     chunk_size: int = field(default=DEFAULT_CHUNK_SIZE, metadata={"help": "passages per saved chunk"})
     batch_size: int = field(default=64, metadata={"help": "encoder batch size"})
     dtype: str = field(
@@ -63,6 +69,12 @@ class IndexConfig:
     merge: bool = field(default=False, metadata={"help": "complete a sharded build (checks every chunk)"})
     from_embeddings: str | None = field(
         default=None, metadata={"help": "import NAME-shard-N.pt files instead of encoding"}
+    )
+    from_faiss: str | None = field(
+        default=None,
+        metadata={
+            "help": "import a flat faiss index (e5_Flat.index) instead of encoding; --model names its encoder"
+        },
     )
     approx: str | None = field(
         default=None,
@@ -102,6 +114,18 @@ def check_passages(corpus: Corpus, source: str) -> None:
         )
 
 
+def faiss_encoder(args: IndexConfig) -> EncoderSettings:
+    """The encoder a released faiss index was built with, as the index records it (the model is not
+    loaded here); queries are cut at 256 tokens unless told otherwise, as the release's server cuts them."""
+    model, qp, pp, _ = resolve_model(args.model)
+    return EncoderSettings(
+        model_key(model),
+        qp if args.query_prefix is None else args.query_prefix,
+        pp if args.passage_prefix is None else args.passage_prefix,
+        FAISS_QUERY_MAX_LENGTH if args.query_max_length is None else args.query_max_length,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_config(IndexConfig, argv, __doc__.splitlines()[0])
     check_output(args.out, "--out", marks=("manifest.json", CHUNK_DIR))  # --overwrite included
@@ -118,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     finished = is_complete(out, {"kind": "dense", "corpus_size": len(corpus)})
     if args.approx and finished and not (args.from_embeddings or args.merge or args.overwrite):
         print(f"adding an approximate index to the finished index in {out}")
+    elif args.from_faiss:
+        out = import_faiss(
+            corpus, out, args.from_faiss, faiss_encoder(args), args.dtype, args.overwrite, args.chunk_size
+        )
+        print(f"dense index of {len(corpus)} passages imported from {args.from_faiss} into {out}")
     else:
         model, qp, pp, qmax = resolve_model(args.model)
         check_model_source(model, "--model")

@@ -368,6 +368,26 @@ class ApproxIndex:
         return top_scores, np.where(np.isfinite(top_scores), np.take_along_axis(rows, order, axis=1), -1)
 
 
+class L2Index:
+    """Exact L2 search (an index imported from a faiss IndexFlatL2) through an inner-product index over
+    rows `[x, hi, lo]` (hi + lo = |x|^2 / scale, corag.retrieval.index.l2_rows): the query `[2q, -scale,
+    -scale]` scores 2 q.x - |x|^2, which ranks as the distance does; |q|^2 is subtracted so that a score
+    is minus the squared distance (higher is better, as every score here)."""
+
+    def __init__(self, inner: VectorIndex, scale: float = 1.0) -> None:
+        self.inner, self.scale = inner, scale
+
+    @property
+    def ntotal(self) -> int:
+        return self.inner.ntotal
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        weights = np.full((len(q), 2), -self.scale, dtype=np.float32)
+        scores, rows = self.inner.search(np.concatenate([2 * q, weights], axis=1), k)
+        return scores - np.einsum("ij,ij->i", q, q)[:, None], rows
+
+
 @dataclass
 class DenseRetriever:
     """Encodes queries and searches a vector index whose row r is the corpus passage `ids[r]`."""
@@ -500,11 +520,14 @@ def load_dense(
     chunks = index_chunks(folder, manifest)
     exact = ExactIndex(chunks)
     devices = list(cuda_devices() if shard_devices is None else shard_devices)
+    l2 = manifest.get("metric") == "l2"  # imported from a faiss IndexFlatL2: two more columns
     index: VectorIndex
     if approx:
         index = load_approx(folder, approx, exact)
     elif devices:
-        index = TorchIndex.from_chunks(chunks, exact.ntotal, manifest["dim"], devices)
+        index = TorchIndex.from_chunks(chunks, exact.ntotal, manifest["dim"] + 2 * l2, devices)
     else:
         index = exact
+    if l2:
+        index = L2Index(index, float(manifest["l2_scale"]))
     return DenseRetriever(encoder, index, read_ids(folder, manifest))

@@ -7,7 +7,8 @@ hash of the chunk's ids and texts: a re-run skips finished chunks and refuses a 
 `--shard i --num-shards n` encodes the i-th contiguous range of chunks (one process per GPU or node,
 all writing into the same folder); `--merge` checks that every chunk exists and completes the folder.
 `--from-embeddings DIR` imports precomputed embeddings laid out as the released CoRAG ones
-(`NAME-shard-{0..S-1}.pt`, each a [rows, dim] tensor, concatenated in shard order) instead.
+(`NAME-shard-{0..S-1}.pt`, each a [rows, dim] tensor, concatenated in shard order) instead;
+`--from-faiss FILE` a flat faiss index (Search-R1's and FlashRAG's `e5_Flat.index`), block by block.
 `--approx KIND` adds an approximate faiss index (IVF-Flat, IVF-PQ, HNSW) and reports its recall
 against exact search.
 """
@@ -17,9 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -324,6 +327,172 @@ def _shard_rows(path: Path, dim: int) -> int:
     return int(_load_shard(path, dim).shape[0])
 
 
+# Importing a released faiss index ------------------------------------------------------------------
+
+# The flat kinds read exactly, by the file's four-character code (faiss/impl/index_write.cpp writes an
+# IndexFlat as its code, its header and then its vectors, fp32, row after row, at the end of the file).
+FAISS_FLAT_KINDS = {"IndexFlatIP": "ip", "IndexFlatL2": "l2", "IndexFlat": None}
+FAISS_METRICS = {0: "ip", 1: "l2"}  # faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2
+FAISS_QUERY_MAX_LENGTH = 256  # the release's retrieval server (`retrieval_query_max_length`)
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """What an index records of its query encoder, for an index imported without loading the model."""
+
+    name: str
+    query_prefix: str
+    passage_prefix: str
+    query_max_length: int | None
+    dim: int = 0  # 0: the dimension of the vectors imported
+
+
+@dataclass(frozen=True)
+class FaissFlat:
+    """A flat faiss index file as read: its kind, metric, shape, and where its fp32 rows start."""
+
+    path: Path
+    kind: str
+    metric: str
+    rows: int
+    dim: int
+    offset: int
+
+
+def read_faiss_flat(path: str | Path) -> FaissFlat:
+    """The header of a flat faiss index (IndexFlatIP or IndexFlatL2), checked; anything else (not a faiss
+    index, an IVF, PQ, HNSW or ID-mapped one) is an InputError in one line. faiss maps the file
+    (IO_FLAG_MMAP_IFC) to read its kind, so nothing is loaded; the rows are read later by offset, and a
+    few of them are compared with what faiss reconstructs, so a layout faiss changed is refused."""
+    import faiss
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such file", file=str(path))
+    try:
+        read = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
+        index = faiss.downcast_index(read)  # a view of `read`, which must stay alive while it is used
+    except RuntimeError as e:
+        why = str(e).strip().splitlines()[-1].split(": ")[-1]
+        raise InputError(f"not a faiss index ({why})", file=str(path)) from None
+    kind = type(index).__name__
+    metric = FAISS_METRICS.get(int(index.metric_type)) if kind in FAISS_FLAT_KINDS else None
+    if metric is None:
+        what = (
+            f"a {kind}"
+            if kind not in FAISS_FLAT_KINDS
+            else f"a flat index of faiss metric {index.metric_type}"
+        )
+        raise InputError(
+            f"{what}: only a flat index (IndexFlatIP or IndexFlatL2, as the released e5_Flat.index) holds the "
+            "vectors themselves; an approximate one cannot be read as an exact index",
+            file=str(path),
+        )
+    rows, dim = int(index.ntotal), int(index.d)
+    offset = path.stat().st_size - rows * dim * 4
+    with open(path, "rb") as f:
+        f.seek(max(offset - 8, 0))
+        count = int.from_bytes(f.read(8), "little")
+    flat = FaissFlat(path, kind, metric, rows, dim, offset)
+    probe = sorted({0, rows // 2, rows - 1}) if rows else []
+    if (
+        offset < 8
+        or count != rows * dim
+        or any(not np.array_equal(faiss_rows(flat, r, r + 1)[0], index.reconstruct(r)) for r in probe)
+    ):
+        raise InputError(f"a {kind} whose vectors are not where faiss writes them", file=str(path))
+    return flat
+
+
+def faiss_rows(flat: FaissFlat, start: int, stop: int) -> np.ndarray:
+    """Rows start..stop-1 of a flat index file, fp32, read with `pread` (nothing else is read)."""
+    out = np.empty((stop - start, flat.dim), np.float32)
+    with open(flat.path, "rb") as f:
+        got = os.preadv(f.fileno(), [memoryview(out).cast("B")], flat.offset + start * flat.dim * 4)
+    if got != out.nbytes:
+        raise InputError("file is shorter than its header says", file=str(flat.path))
+    return out
+
+
+def l2_rows(vectors: np.ndarray, scale: float, dtype: np.dtype) -> np.ndarray:
+    """Rows of an L2 index as an inner-product index stores them: `[x, hi, lo]`, where hi + lo is
+    |x|^2 / scale split over two stored numbers (fp16 alone would round it), so that the query
+    `[2q, -scale, -scale]` scores 2 q.x - |x|^2 = |q|^2 - |q - x|^2 (see dense.L2Index)."""
+    norms = np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64) / scale
+    hi = norms.astype(dtype)
+    lo = (norms - hi.astype(np.float64)).astype(dtype)
+    return np.concatenate([vectors.astype(dtype), hi[:, None], lo[:, None]], axis=1)
+
+
+def l2_scale(flat: FaissFlat, block_rows: int) -> float:
+    """A power of two that keeps every |x|^2 / scale within fp16's range (one pass over the rows)."""
+    largest = 0.0
+    for a in range(0, flat.rows, block_rows):
+        block = faiss_rows(flat, a, min(a + block_rows, flat.rows))
+        largest = max(largest, float(np.einsum("ij,ij->i", block, block).max(initial=0.0)))
+    return float(2.0 ** max(0, math.ceil(math.log2(max(largest, 1.0) / 16384))))
+
+
+def import_faiss(
+    corpus: Corpus,
+    out: str | Path,
+    faiss_file: str | Path,
+    encoder: EncoderSettings,
+    dtype: str = "float16",
+    overwrite: bool = False,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    block_rows: int = 16_384,
+) -> Path:
+    """A released flat faiss index (Search-R1's and FlashRAG's `e5_Flat.index`) as this project's exact
+    index, without re-encoding: its rows, in order, become chunks of `chunk_size` rows in `dtype`,
+    read and written `block_rows` at a time (memory holds one block, never the index). Everything is
+    checked before anything is written: the file is a flat index (inner product or L2) of as many
+    vectors as the corpus has passages. Each chunk is written atomically, so an interrupted import
+    resumes with the chunks still missing. An L2 index is stored as an inner-product one over rows with
+    their squared norm appended (`l2_rows`, two more columns), searched as `dense.L2Index`."""
+    out = Path(out)
+    flat = read_faiss_flat(faiss_file)
+    if flat.rows != len(corpus):
+        raise InputError(
+            f"the index holds {flat.rows} vectors, the corpus has {len(corpus)} passages",
+            file=str(faiss_file),
+        )
+    if encoder.dim and flat.dim != encoder.dim:
+        raise InputError(
+            f"vectors have {flat.dim} dimensions, the encoder gives {encoder.dim}", file=str(faiss_file)
+        )
+    encoder = replace(encoder, dim=flat.dim)
+    store = np.dtype(np.float16 if dtype == "float16" else np.float32)
+    scale = l2_scale(flat, block_rows) if flat.metric == "l2" else 1.0
+    faiss_source = {"file": flat.path.name, "kind": flat.kind, "bytes": flat.path.stat().st_size}
+    source = {"source": "faiss", "faiss": faiss_source, "metric": flat.metric, "chunk_size": chunk_size}
+    if flat.metric == "l2":
+        source["l2_scale"] = scale
+    chunks = _start(out, _settings(encoder, corpus, dtype, source), overwrite)
+    width = flat.dim + (2 if flat.metric == "l2" else 0)
+    files = []
+    for i, start in enumerate(
+        tqdm(range(0, flat.rows, chunk_size), desc="importing", unit="chunk", disable=None)
+    ):
+        n = min(chunk_size, flat.rows - start)
+        target = chunks / f"{i:06d}-faiss.npy"
+        if not (target.exists() and read_npy_shape(target) == (n, width)):
+            header = {"descr": store.str, "fortran_order": False, "shape": (n, width)}
+            with atomic_write(target, "wb") as f:
+                np.lib.format.write_array_header_2_0(f, header)
+                for a in range(start, start + n, block_rows):
+                    block = faiss_rows(flat, a, min(a + block_rows, start + n))
+                    rows = l2_rows(block, scale, store) if flat.metric == "l2" else block.astype(store)
+                    if not np.isfinite(rows).all():
+                        raise InputError(
+                            f"rows {a}..{a + len(block) - 1} do not fit {dtype}: import with --dtype float32",
+                            file=str(faiss_file),
+                        )
+                    f.write(rows.tobytes())
+        files.append({"file": target.relative_to(out).as_posix(), "rows": n})
+    return _finish(out, json.loads((out / "manifest.json").read_text()), files, corpus)
+
+
 # Approximate indexes -------------------------------------------------------------------------------
 
 APPROX_KINDS = ("ivf-flat", "ivf-pq", "hnsw")
@@ -385,6 +554,8 @@ def build_approx(
 
     out = Path(out)
     manifest = read_manifest(out, "dense")
+    if manifest.get("metric") == "l2":
+        raise InputError("an index imported from an L2 faiss index is searched exactly only", file=str(out))
     exact = ExactIndex(index_chunks(out, manifest))
     n, dim = exact.ntotal, int(manifest["dim"])
     factory = factory or approx_factory(kind, n, nlist, pq_m, hnsw_m)
