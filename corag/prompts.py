@@ -323,10 +323,12 @@ def search_r1_information(passages: Sequence[Passage]) -> str:
     return SEARCH_R1_INFORMATION.replace("{documents}", lines.strip())
 
 
-def search_r1_messages(question: str, trajectory: str) -> list[Message]:
+def search_r1_messages(question: str, pieces: Sequence[str] = ()) -> list[Message]:
     """The conversation so far: the instruction as the user turn and, once the model has written,
-    everything since (its turns and the inserted blocks) as an assistant turn the model continues."""
+    everything since (its turns and the inserted blocks, in order) as an assistant turn the model
+    continues, tokenized piece by piece after the generation prompt as the release builds its ids
+    (corag.lm.render.PIECES)."""
     messages: list[Message] = [{"role": "user", "content": search_r1_prompt(question)}]
-    if trajectory:
-        messages.append({"role": "assistant", "content": trajectory})
+    if pieces:
+        messages.append({"role": "assistant", "content": "".join(pieces), "pieces": list(pieces)})  # type: ignore[dict-item]
     return messages

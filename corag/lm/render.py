@@ -19,6 +19,10 @@ from corag.errors import InputError
 from corag.lm.base import SYSTEM_DEFAULT, SYSTEM_NONE, Message, ScoreRequest
 
 CACHE_SIZE = 65536
+# An assistant message may carry `pieces`, the texts its content joins: its ids are then each piece's
+# ids, tokenized on its own, joined after the generation prompt (Search-R1's rolling prompt: the
+# release tokenizes the prompt, each response and each inserted block separately and concatenates).
+PIECES = "pieces"
 PROBES = ("CoragProbeOne", "CoragProbeTwo", "CoragProbeThree")  # contents no template alters
 
 
@@ -69,7 +73,8 @@ class ChatRenderer:
 
     def prompt_ids(self, messages: Sequence[Message]) -> tuple[int, ...]:
         """Ids of the conversation followed by the assistant generation prompt; a conversation that
-        ends with an assistant message is continued from that message's text instead."""
+        ends with an assistant message is continued from that message's text instead, or, when the
+        message has `pieces`, from the generation prompt followed by each piece's own ids."""
         return self._prompt(_key(messages))
 
     def scored_ids(self, messages: Sequence[Message], target: str) -> tuple[tuple[int, ...], int]:
@@ -128,7 +133,11 @@ class ChatRenderer:
         return prefix, (bos if bos and prefix.startswith(bos) and not header.startswith(bos) else "")
 
     def _render_prompt(self, key: str) -> tuple[int, ...]:
-        return tuple(self.encode(self._template(json.loads(key), True)))
+        messages = json.loads(key)
+        if messages and messages[-1]["role"] == "assistant" and PIECES in messages[-1]:
+            ids = self.encode(self._template(messages[:-1], True))
+            return tuple(ids + [i for piece in messages[-1][PIECES] for i in self.encode(piece)])
+        return tuple(self.encode(self._template(messages, True)))
 
     def _render_scored(self, key: str, target: str) -> tuple[tuple[int, ...], int]:
         messages = json.loads(key)

@@ -5,9 +5,14 @@ The released protocol (PeterGriffinJin/Search-R1, search_r1/llm_agent/generation
 strings are in corag.prompts), for any chat model:
 
 - The instruction and the question are the user turn. The model's turns and the blocks inserted after
-  them form ONE assistant turn that each call continues (the renderer leaves a final assistant message
-  open), so the model sees `template(user) + generated text + inserted blocks`, as the release's
-  rolling prompt is. Every turn re-sends the whole conversation and is charged for it.
+  them form ONE assistant turn that each call continues, so the model sees `template(user) + generated
+  text + inserted blocks`, as the release's rolling prompt is. Its token ids are built as the release
+  builds them (`_postprocess_responses`, `_process_next_obs`, `_update_rolling_state`): the templated
+  prompt, each turn's text and each inserted block tokenized on its own, the ids joined (on every
+  backend: corag.lm.render.PIECES). Tokenizing the joined text instead can merge a piece's last
+  characters with the next one's first: Qwen2's pre-tokenizer keeps `>` with the newlines after it, so
+  `</search>` + `\n\n<information>` would hold a `>\n\n` token the checkpoint never saw. Every turn
+  re-sends the whole conversation and is charged for it.
 - A turn ends at `</search>` or at the end of the model's turn; a turn without `</search>` is cut after
   its first `</answer>`. Its action is the first complete `<search>...</search>` or
   `<answer>...</answer>` block (the query or answer stripped): an answer ends the trajectory; a search
@@ -92,12 +97,12 @@ async def search_r1(
     "budget" or "context".
     """
     calls: list[dict[str, Any]] = []
-    trajectory = ""
+    pieces: list[str] = []  # each turn and each inserted block, tokenized one by one
     turns: list[dict[str, Any]] = []
     searches: list[dict[str, Any]] = []
     stop_reason = "max_turns"
     for turn_index in range(max_turns + 1):
-        messages = search_r1_messages(example.query, trajectory)
+        messages = search_r1_messages(example.query, pieces)
         room = ctx.lm.max_context - ctx.lm.count_prompt_tokens(messages)
         if room < 1:
             stop_reason = "context"
@@ -117,7 +122,7 @@ async def search_r1(
         turn = closed_turn(completion.texts[0])
         action, content = parse_action(turn)
         turns.append({"text": turn, "action": action})
-        trajectory += turn
+        pieces.append(turn)
         if action == "answer":
             stop_reason = "answer"
             break
@@ -129,7 +134,7 @@ async def search_r1(
             inserted = search_r1_information(found)
         else:
             inserted = SEARCH_R1_INVALID
-        trajectory += ctx.lm.truncate_tokens(inserted, max_inserted_tokens)
+        pieces.append(ctx.lm.truncate_tokens(inserted, max_inserted_tokens))
     answer = next((a for t in reversed(turns) if (a := final_answer(t["text"])) is not None), None)
     doc_ids = [doc for s in searches for doc in s["doc_ids"]]
     return result_record(
@@ -140,7 +145,7 @@ async def search_r1(
         doc_ids,
         list(dict.fromkeys(doc_ids)),
         calls,
-        trajectory=trajectory,
+        trajectory="".join(pieces),
         turns=turns,
         searches=searches,
         stop_reason=stop_reason,

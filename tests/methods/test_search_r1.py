@@ -166,8 +166,15 @@ def test_two_searches_then_an_answer() -> None:
     prompt = {"role": "user", "content": search_r1_prompt(QUESTION.query)}
     assert [r.messages for r in lm.requests] == [
         (prompt,),
-        (prompt, {"role": "assistant", "content": turn1 + info1}),
-        (prompt, {"role": "assistant", "content": turn1 + info1 + turn2 + info2}),
+        (prompt, {"role": "assistant", "content": turn1 + info1, "pieces": [turn1, info1]}),
+        (
+            prompt,
+            {
+                "role": "assistant",
+                "content": turn1 + info1 + turn2 + info2,
+                "pieces": [turn1, info1, turn2, info2],
+            },
+        ),
     ]
     assert all(r.stop == ("/search>",) and r.temperature == 0 and r.seed is None for r in lm.requests)
     assert record["predictions"] == "Norway" and record["answer_source"] == "format"
@@ -250,8 +257,8 @@ def test_registered_as_a_method() -> None:
 
 
 def test_the_model_continues_its_own_turn(tiny_model_dir: Path) -> None:
-    """The rendered prompt is the template's user turn and generation prompt, then the trajectory as
-    written (the release's infer.py builds its prompt this way and appends to it)."""
+    """The rendered prompt is the template's user turn and generation prompt, then the trajectory's
+    pieces, each tokenized on its own (tests/methods/test_search_r1_ids.py: where that differs)."""
     from transformers import AutoTokenizer
 
     from corag.lm.render import ChatRenderer
@@ -259,10 +266,10 @@ def test_the_model_continues_its_own_turn(tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     renderer = ChatRenderer(tokenizer)
     question = "Where was Mara Velden born?"
-    trajectory = "<search> Mara Velden </search>" + search_r1_information(PASSAGES[1:2])
+    pieces = ["<search> Mara Velden </search>", search_r1_information(PASSAGES[1:2])]
     user = [{"role": "user", "content": search_r1_prompt(question)}]
     opening = tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
-    assert renderer.prompt_ids(search_r1_messages(question, trajectory)) == tuple(
-        renderer.encode(opening + trajectory)
+    assert renderer.prompt_ids(search_r1_messages(question, pieces)) == tuple(
+        renderer.encode(opening) + renderer.encode(pieces[0]) + renderer.encode(pieces[1])
     )
-    assert renderer.prompt_ids(search_r1_messages(question, "")) == tuple(renderer.encode(opening))
+    assert renderer.prompt_ids(search_r1_messages(question)) == tuple(renderer.encode(opening))
