@@ -377,7 +377,7 @@ def answer_row(prediction: str | None, example: Example, rule: str) -> dict[str,
     """One question's answer metrics under `rule`; a missing prediction scores 0 on each. KILT's rule
     adds strict accuracy and ROUGE-L, and scores the stripped answer (an empty one 0), as KILT does."""
     kilt = rule == "kilt"
-    if prediction is None:
+    if prediction is None or (kilt and not kilt_gold_answers(example.answers)):  # KILT takes no empty gold
         return dict.fromkeys(("em", "f1", "cover_em", *(("accuracy", "rougel") if kilt else ())), 0.0)
     if kilt:
         scores = kilt_answer_scores(prediction, example.answers)

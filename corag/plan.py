@@ -100,10 +100,12 @@ class ModelShape:
 
 
 # From each model's config.json on the Hugging Face Hub (meta-llama/Llama-3.1-8B-Instruct, Qwen/Qwen3-8B,
-# Qwen/Qwen3-4B, HuggingFaceTB/SmolLM2-135M-Instruct) and corag.toy.tinymodel's defaults; parameter
-# counts follow (8.03B, 8.19B, 4.02B, 134.5M as published).
+# Qwen/Qwen3-4B, HuggingFaceTB/SmolLM2-135M-Instruct, Qwen/Qwen2.5-7B: the base of the released Search-R1
+# checkpoints) and corag.toy.tinymodel's defaults; parameter counts follow (8.03B, 8.19B, 4.02B, 134.5M
+# as published).
 KNOWN_MODELS = {
     "llama318b": ModelShape("Llama-3.1-8B", 128256, 4096, 32, 32, 8, 128, 14336, False),
+    "qwen257b": ModelShape("Qwen2.5-7B", 152064, 3584, 28, 28, 4, 128, 18944, False),
     "qwen38b": ModelShape("Qwen3-8B", 151936, 4096, 36, 32, 8, 128, 12288, False),
     "qwen34b": ModelShape("Qwen3-4B", 151936, 2560, 36, 32, 8, 128, 9728, True),
     "smollm2": ModelShape("SmolLM2-135M", 49152, 576, 30, 9, 3, 64, 1536, True),
@@ -113,7 +115,7 @@ KNOWN_MODELS = {
 
 def model_shape(model: str) -> ModelShape:
     """The shape of `model`: its config.json when the folder is here, else the known model its name
-    names (Llama-3.1-8B, Qwen3-8B, Qwen3-4B, SmolLM2-135M, the toy model)."""
+    names (Llama-3.1-8B, Qwen2.5-7B, Qwen3-8B, Qwen3-4B, SmolLM2-135M, the toy model)."""
     config = Path(model) / "config.json"
     if config.is_file():
         c = json.loads(config.read_text())

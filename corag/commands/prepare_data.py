@@ -5,8 +5,10 @@ questions files the configs name (`data/multihopqa/train.jsonl`, `hotpotqa_valid
     corag prepare-data downloads/multihopqa --out data/multihopqa
     hf download corag/kilt --repo-type dataset --local-dir downloads/kilt
     corag prepare-data downloads/kilt --out data/kilt --dataset kilt
+    corag prepare-data FlashRAG_datasets --dataset flashrag --wiki18 wiki-18/wiki-18.jsonl.gz --out data/flashrag
 
-The layout it reads and where that is documented: `corag.data.release`.
+The layout it reads and where that is documented: `corag.data.release`; for the Search-R1 suite
+(`--dataset flashrag`: RUC-NLPIR/FlashRAG_datasets and wiki-18), `corag.data.flashrag`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from corag.config import parse_config
+from corag.data.flashrag import WIKI18, prepare_flashrag
 from corag.data.release import DATASETS, prepare_release
 
 
@@ -39,13 +42,19 @@ class PrepareDataConfig:
     dataset: str = field(
         default="multihopqa",
         metadata={
-            "choices": list(DATASETS),
+            "choices": [*DATASETS, "flashrag"],
             "help": "which release SOURCE holds (it decides the tasks: "
-            "in corag/kilt, hotpotqa is KILT's HotpotQA)",
+            "in corag/kilt, hotpotqa is KILT's HotpotQA; flashrag: the Search-R1 suite's seven sets)",
         },
     )
     subsets: list[str] | None = field(
         default=None, metadata={"help": "only these subset folders (None: every one found)"}
+    )
+    wiki18: str | None = field(
+        default=None,
+        metadata={
+            "help": "flashrag: wiki-18.jsonl(.gz) of PeterJinGo/wiki-18-corpus, laid out as OUT/wiki-18.jsonl"
+        },
     )
     overwrite: bool = field(
         default=False,
@@ -57,11 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_config(PrepareDataConfig, argv, "the released question sets into questions files")
     out = args.out or f"data/{args.dataset}"
     start = time.perf_counter()
-    done = prepare_release(
-        args.source, out, dataset=args.dataset, subsets=args.subsets, overwrite=args.overwrite
-    )
+    if args.dataset == "flashrag":
+        done = prepare_flashrag(
+            args.source, out, sets=args.subsets, wiki18=args.wiki18, overwrite=args.overwrite
+        )
+    else:
+        done = prepare_release(
+            args.source, out, dataset=args.dataset, subsets=args.subsets, overwrite=args.overwrite
+        )
     for item in done:
-        print(f"{item.path}: {item.records} questions ({'written' if item.written else 'up to date'})")
+        what = "the corpus" if item.path.name == WIKI18 else f"{item.records} questions"
+        print(f"{item.path}: {what} ({'written' if item.written else 'up to date'})")
     written = sum(item.written for item in done)
     print(
         f"{len(done)} questions files in {out} ({written} written, {len(done) - written} up to date; "

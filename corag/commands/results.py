@@ -3,8 +3,9 @@
 evaluation/slurm_eval.sh runs it at the end; it writes ROOT/results.md and ROOT/results.csv and prints
 the table. `--layout search-r1` lays the same folders out as the Search-R1 suite's leaderboard
 (FlashRAG's table of reasoning methods): a row per method, model and rule, the seven sets as columns
-(NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle) and their average, EM in one table and tokens
-per question in a second; written to ROOT/search-r1.md and ROOT/search-r1.csv.
+(NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle) and their average, EM in one table, the
+published EM of the released Search-R1 checkpoints below it (the paper's table, source named), and tokens
+per question in a third; written to ROOT/search-r1.md and ROOT/search-r1.csv (measured figures only).
 """
 
 from __future__ import annotations
@@ -32,6 +33,18 @@ SUITE_COLUMNS = {
 }
 AVERAGE = "Avg."
 ROW_KEYS = ("method", "model", "rule")
+# The released checkpoints' EM (%) on the seven sets, in the columns' order, as Search-R1's paper
+# publishes them (rows Search-R1-base / Search-R1-instruct, trained with PPO on NQ + HotpotQA).
+PUBLISHED_SOURCE = (
+    "Jin et al., Search-R1: Training LLMs to Reason and Leverage Search Engines with Reinforcement "
+    "Learning, arXiv:2503.09516, Table 2"
+)
+PUBLISHED = {
+    ("Search-R1-base (PPO)", "Qwen2.5-7B"): (48.0, 63.8, 45.7, 43.3, 38.2, 19.6, 43.2),
+    ("Search-R1-instruct (PPO)", "Qwen2.5-7B-Instruct"): (39.3, 61.0, 39.7, 37.0, 41.4, 14.6, 36.8),
+    ("Search-R1-base (PPO)", "Qwen2.5-3B"): (40.6, 58.7, 43.5, 28.4, 27.3, 4.9, 8.8),
+    ("Search-R1-instruct (PPO)", "Qwen2.5-3B-Instruct"): (34.1, 54.5, 37.8, 32.4, 31.9, 10.3, 26.4),
+}
 
 
 @dataclass
@@ -95,6 +108,20 @@ def suite_rows(cells: dict[tuple[str, str, str], dict[str, dict]], metric: str) 
     return rows
 
 
+def published_rows() -> list[dict[str, Any]]:
+    """The paper's figures as rows of the EM table (rule: Search-R1's EM; the average over the seven)."""
+    return [
+        {
+            "method": method,
+            "model": model,
+            "rule": "search-r1",
+            **dict(zip(SUITE_COLUMNS.values(), values, strict=True)),
+            AVERAGE: sum(values) / len(values),
+        }
+        for (method, model), values in PUBLISHED.items()
+    ]
+
+
 def _shown(row: dict[str, Any]) -> dict[str, Any]:
     """A row as the markdown shows it: an average over fewer than the seven sets says over how many."""
     if row["sets"] == len(SUITE_COLUMNS) or not row["sets"]:
@@ -115,6 +142,8 @@ def suite_table(root: Path) -> tuple[str, list[str]]:
     em, tokens = suite_rows(cells, "em"), suite_rows(cells, "tokens_per_question")
     text = (
         f"EM (%)\n\n{format_markdown([_shown(r) for r in em], columns)}\n\n"
+        f"Published EM (%) of the released checkpoints ({PUBLISHED_SOURCE})\n\n"
+        f"{format_markdown(published_rows(), columns)}\n\n"
         f"Tokens per question\n\n{format_markdown([_shown(r) for r in tokens], columns)}\n"
     )
     (root / "search-r1.md").write_text(text)

@@ -663,18 +663,21 @@ def load_flashrag(path: PathLike, *, task: str | None = None, **_: Any) -> list[
     """FlashRAG's question files (RUC-NLPIR/FlashRAG_datasets, read by Search-R1's data scripts): JSON
     lines of `id, question, golden_answers`, with an optional `metadata` object kept in `meta`. The
     files carry no task: it comes from `--task`, a `task` field, the file's name or its dataset folder
-    (`nq/test.jsonl` is NQ, `popqa/test.jsonl` PopQA)."""
+    (`nq/test.jsonl` is NQ, `popqa/test.jsonl` PopQA). Gold answers are kept as published, empty ones
+    too (Search-R1 scores them: an empty prediction matches an empty answer); a record with none gets
+    no answer metrics, as a test question."""
     path = Path(path)
     ids, examples = UniqueIds(path), []
     for row in read_rows(path):
         r, where = row.record, _where(path, row, "id")
         check_fields(r, _FLASHRAG_REQUIRED, {"metadata": dict, "task": str}, **_kw(where))
-        answers = check_str_list(r["golden_answers"], "golden_answers", non_empty=True, **_kw(where))
+        answers = check_str_list(r["golden_answers"], "golden_answers", **_kw(where))
         ids.add(r["id"], row.line)
         meta = {"metadata": r["metadata"]} if r.get("metadata") else {}
         task_name = _flashrag_task(path, task, r.get("task"), where)
+        # empty answers kept, as Search-R1's em_check keeps them (an empty prediction matches one)
         examples.append(
-            Example(id=r["id"], query=r["question"], answers=_dedup(answers), task=task_name, meta=meta)
+            Example(id=r["id"], query=r["question"], answers=_keep_empty(answers), task=task_name, meta=meta)
         )
     return examples
 

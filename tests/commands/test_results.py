@@ -74,6 +74,14 @@ def test_the_suite_table_has_a_row_per_method_and_model_and_the_seven_sets_as_co
     assert first[10] == f"{sum(expected_em.values()) / 7:.1f}"
     second = em_rows["greedy_L2", "model/checkpoint-500"]
     assert second[3:] == ["0.0", "", "", "0.0", "", "", "", "0.0 (2/7)"]
+    # the paper's figures of the released checkpoints below the measured ones, the source named
+    published_at = next(i for i, line in enumerate(lines) if line.startswith("Published EM (%)"))
+    assert "arXiv:2503.09516, Table 2" in lines[published_at]
+    published = {tuple(_cells(line)[:2]): _cells(line) for line in lines[published_at + 4 : published_at + 8]}
+    assert published["Search-R1-base (PPO)", "Qwen2.5-7B"][3:] == [
+        "48.0", "63.8", "45.7", "43.3", "38.2", "19.6", "43.2", "43.1"
+    ]  # fmt: skip
+    assert len(published) == 4 and published_at < lines.index("Tokens per question")
     tokens_at = lines.index("Tokens per question") + 4
     tokens_row = next(_cells(line) for line in lines[tokens_at:] if line.startswith("| search-r1"))
     assert tokens_row[3:10] == [f"{expected_tokens[n]:.1f}" for n in SETS]

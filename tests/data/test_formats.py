@@ -199,7 +199,7 @@ def test_flashrag(shared_data, loaded, tmp_path):
     record = {"id": "test_0", "question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}
     bad = [
         ({**record, "golden_answers": "Shakespeare"}, "golden_answers", "expected a list"),
-        ({**record, "golden_answers": [" "]}, "golden_answers", "at least one non-empty"),
+        ({**record, "golden_answers": [3]}, "golden_answers", "expected a list of strings"),
         ({k: v for k, v in record.items() if k != "golden_answers"}, "golden_answers", "missing required"),
         ({**record, "question": 7}, "question", "expected a str"),
     ]
@@ -257,10 +257,34 @@ def test_search_r1_suite_loads_each_set_with_its_task_and_rule(tmp_path):
     assert load_examples(_write_lines(tmp_path / "popqa_test.jsonl", [json.dumps(record)]))[0].task == "popqa"
 
 
+def test_empty_gold_answers_are_kept_and_scored_as_search_r1_scores_them(tmp_path):
+    """Search-R1's em_check (verl/utils/reward_score/qa_em.py) matches an empty prediction against an
+    empty gold answer and keeps the record; KILT's rule takes no empty answer as gold (scores 0)."""
+    from corag.evaluation import answer_row, rule_of
+
+    records = [
+        {"id": "test_0", "question": "who?", "golden_answers": ["Ada"]},
+        {"id": "test_1", "question": "who?", "golden_answers": ["", " "]},
+        {"id": "test_2", "question": "who?", "golden_answers": ["", "Ada"]},
+    ]
+    examples = load_examples(_suite_file(tmp_path, "nq", records))
+    assert [e.answers for e in examples] == [("Ada",), ("",), ("", "Ada")]
+    em = {(e.id, p): answer_row(p, e, "search-r1")["em"] for e in examples for p in ("", "the Ada.")}
+    assert em == {
+        ("test_0", ""): 0.0,
+        ("test_0", "the Ada."): 1.0,
+        ("test_1", ""): 1.0,
+        ("test_1", "the Ada."): 0.0,
+        ("test_2", ""): 1.0,
+        ("test_2", "the Ada."): 1.0,
+    }
+    assert rule_of(examples[1]) == "kilt" and answer_row("", examples[1], "kilt")["em"] == 0.0
+
+
 def test_search_r1_suite_bad_records_name_file_line_and_field(tmp_path):
     good = {"id": "test_0", "question": "who?", "golden_answers": ["Ada"]}
     bad = [
-        ({"id": "test_1", "question": "who?", "golden_answers": []}, "golden_answers"),
+        ({"id": "test_1", "question": "who?", "golden_answers": [None]}, "golden_answers"),
         ({"id": "test_1", "question": "who?", "golden_answers": ["Ada"], "metadata": "x"}, "metadata"),
         ({"id": "test_1", "question": ["who?"], "golden_answers": ["Ada"]}, "question"),
         ({"id": "test_1", "question": "who?", "golden_answers": ["Ada"], "task": "squadqa"}, "task"),
