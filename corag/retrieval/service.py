@@ -152,6 +152,17 @@ def _hits_json(row: list[Hit]) -> list[dict]:
     return [{"doc_id": h.doc_id, "score": h.score} for h in row]
 
 
+def _over_limits(queries: int, k: int, field: str, max_queries: int, max_k: int) -> JSONResponse | None:
+    """The error a request of `queries` queries at top-`k` (named `field`) gets, or None."""
+    if queries > max_queries:
+        return _error(413, f"{queries} queries in one request; at most {max_queries}")
+    if not 1 <= k <= max_k:
+        return JSONResponse(
+            {"detail": [{"loc": [field], "msg": f"{field} must be between 1 and {max_k}"}]}, status_code=422
+        )
+    return None
+
+
 def document_json(p: Passage) -> dict:
     """A passage as Search-R1's server returns it: the corpus line of wiki-18, `{"id", "contents"}` with
     the title as the first line of `contents` (the layout the release's `_passages2string` reads)."""
@@ -242,12 +253,8 @@ def create_app(
             req = await _parse(request, SearchRequest, max_body_bytes)
         if isinstance(req, JSONResponse):
             return req
-        if len(req.queries) > max_queries:
-            return _error(413, f"{len(req.queries)} queries in one request; at most {max_queries}")
-        if not 1 <= req.k <= max_k:
-            return JSONResponse(
-                {"detail": [{"loc": ["k"], "msg": f"k must be between 1 and {max_k}"}]}, status_code=422
-            )
+        if refused := _over_limits(len(req.queries), req.k, "k", max_queries, max_k):
+            return refused
         if not req.queries:
             return JSONResponse({"hits": []})
         hits = await batcher.search(req.queries, req.k)
@@ -261,13 +268,9 @@ def create_app(
             return req
         if corpus is None:
             return _error(404, "this service has no corpus to return documents from (start it with --corpus)")
-        if len(req.queries) > max_queries:
-            return _error(413, f"{len(req.queries)} queries in one request; at most {max_queries}")
-        k = retrieve_k if req.topk is None else req.topk
-        if not 1 <= k <= max_k:  # the release reads topk 0 as its default; here it is refused
-            return JSONResponse(
-                {"detail": [{"loc": ["topk"], "msg": f"topk must be between 1 and {max_k}"}]}, status_code=422
-            )
+        k = retrieve_k if req.topk is None else req.topk  # topk 0, the release's default, is refused
+        if refused := _over_limits(len(req.queries), k, "topk", max_queries, max_k):
+            return refused
         hits = await batcher.search(req.queries, k) if req.queries else []
         documents = await asyncio.to_thread(
             lambda: [[document_json(p) for p in corpus.get_many([h.doc_id for h in row])] for row in hits]
