@@ -672,22 +672,50 @@ def _with_context_ids(example: Example, ids: dict[tuple[str, str], str]) -> Exam
     return replace(example, supporting_ids=tuple(dict.fromkeys(supporting)), decomposition=steps)
 
 
+def _check_one_text(
+    named: dict[str, tuple[str, str | None, str]], paragraph: dict[str, Any], file: str | None, question: str
+) -> None:
+    """HotpotQA and 2WikiMultihopQA name a paragraph by its title (their supporting facts cite titles), so
+    one title with two texts, in one file or two, is refused: which text the corpus gives the title would
+    depend on the order of the files. MuSiQue numbers paragraphs within a question (`idx`), and its
+    titles name many paragraphs: those are told apart by their text alone."""
+    if "idx" in paragraph:
+        return
+    title, text = paragraph["title"], paragraph["text"]
+    first_text, first_file, first_question = named.setdefault(title, (text, file, question))
+    if first_text != text:
+        raise InputError(
+            f"paragraph {title!r} has another text here than in {first_file or 'the examples given'} (question "
+            f"{first_question!r}); a title names one paragraph in HotpotQA and 2Wiki: build one corpus per "
+            "file, or correct one of them",
+            file=file,
+            record=question,
+            field="context",
+        )
+
+
 def corpus_from_contexts(sources: Iterable[Example | str | Path], out: str | Path) -> ContextCorpus:
     """Build a retrieval corpus from the context paragraphs of HotpotQA, 2WikiMultihopQA and MuSiQue
     questions (examples, or files that `load_examples` reads), de-duplicated by (title, text) as IRCoT
-    did. Ids are row numbers in first-seen order. Writes corpus JSONL to `out` (atomically) and returns
+    did; a HotpotQA or 2Wiki title with two texts is refused (`_check_one_text`). Ids are row numbers in
+    first-seen order. Writes corpus JSONL to `out` (atomically) and returns
     the examples with `supporting_ids` (and MuSiQue step `doc_ids`) pointing into it. Examples without
     context paragraphs pass through unchanged."""
     from corag.data.formats import load_examples
 
     sources = list(sources)
     examples: list[Example] = []
+    files: list[str | None] = []  # the file of each example
     for source in sources:
-        examples.extend(load_examples(source) if isinstance(source, str | Path) else [source])
+        loaded = load_examples(source) if isinstance(source, str | Path) else [source]
+        examples.extend(loaded)
+        files.extend([str(source) if isinstance(source, str | Path) else None] * len(loaded))
     ids: dict[tuple[str, str], str] = {}
     title_ids: dict[str, list[str]] = {}
-    for example in examples:
+    named: dict[str, tuple[str, str | None, str]] = {}  # title -> (text, file, question) where it was first
+    for example, file in zip(examples, files, strict=True):
         for p in example.meta.get("paragraphs") or []:
+            _check_one_text(named, p, file, example.id)
             key = (p["title"], p["text"])
             if key not in ids:
                 ids[key] = str(len(ids))
