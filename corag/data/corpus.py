@@ -39,6 +39,7 @@ from corag.data.jsonl import (
     iter_jsonl,
     locked,
     open_parquet,
+    provisional,
     refuse_inputs_as_outputs,
 )
 from corag.errors import InputError
@@ -437,12 +438,17 @@ def prepare_corpus(
 
     A store that is complete and was built from the same files (path, size, modification time) is
     reused; otherwise it is rebuilt in a temporary folder and renamed into place, so a reader never
-    sees half a store. Concurrent callers serialise on a lock: one converts, the others reuse it.
+    sees half a store. Concurrent callers serialise on a lock: one converts, the others reuse it. A
+    store (and lock file) this call creates is removed again if the command that asked for it is then
+    refused (corag.data.jsonl.removed_if_refused): a refused run leaves nothing beside the source.
     """
     found = _find_source(Path(source))
     store = Path(out) if out is not None else default_store_path(found.path, cache_dir)
     check_output(store, "--out", marks=("store.json",))  # --overwrite included
     stamps = found.stamps()
+    lock = store.with_name(store.name + ".lock")
+    for path in (p for p in (lock, store) if not p.exists()):  # a refused run removes what it made
+        provisional(path)
     with locked(store, "preparing"):
         manifest = _read_manifest(store)
         if manifest is not None and manifest.get("sources") == stamps and not overwrite:
