@@ -563,17 +563,19 @@ class Corpus:
         """All ids in row order."""
         return _Ids(self)
 
-    def count_empty(self, block: int = 1 << 22) -> int:
-        """Passages with neither title nor contents, counted from the stored offsets (no text read)."""
+    def empty_rows(self, start: int = 0, stop: int | None = None, block: int = 1 << 22) -> np.ndarray:
+        """Rows start..stop-1 whose passage has neither title nor contents, from the stored offsets (no
+        text is read)."""
+        stop = self._rows if stop is None else min(stop, self._rows)
         title, contents = (
             np.memmap(self.store / f"{name}.offsets", "<i8", mode="r") for name in ("title", "contents")
         )
-        empty = 0
-        for start in range(0, self._rows, block):
-            stop = min(start + block, self._rows)
-            sizes = np.diff(title[start : stop + 1]) + np.diff(contents[start : stop + 1])
-            empty += int((sizes == 0).sum())
-        return empty
+        found = []
+        for a in range(start, stop, block):
+            b = min(a + block, stop)
+            sizes = np.diff(title[a : b + 1]) + np.diff(contents[a : b + 1])
+            found.append(np.flatnonzero(sizes == 0) + a)
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
 
     def _id_range(self, start: int, stop: int) -> list[str]:
         return self._id.range(start, stop) if self._id is not None else [str(r) for r in range(start, stop)]
