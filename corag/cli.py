@@ -70,9 +70,13 @@ DEBUG_ENV = "CORAG_DEBUG"
 def run_command(
     name: str, func: Callable[[list[str]], int | None], argv: list[str], debug: bool = False
 ) -> int:
-    """Run one command; an InputError becomes one line on stderr and exit status 2 (unless debugging)."""
+    """Run one command; an InputError becomes one line on stderr and exit status 2 (unless debugging),
+    and what the command created beside its inputs (a corpus store) is removed first."""
+    from corag.data.jsonl import removed_if_refused
+
     try:
-        return int(func(argv) or 0)
+        with removed_if_refused():
+            return int(func(argv) or 0)
     except InputError as error:
         if debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise

@@ -13,7 +13,8 @@ One rule decides between the file and the command line: a flag wins over the fil
 Every mistake is one InputError, which the `corag` command and the recipes print as one line with exit
 status 2: an unknown or misspelled flag or config key names the closest known one (`unknown flag
 --datset; did you mean --dataset?`), as do flags renamed since an earlier release (RENAMED); argparse's
-own errors (a missing or badly typed value) and a dataclass refusing its values come the same way.
+own errors (a missing or badly typed value) and a dataclass refusing its values come the same way. A flag
+is never matched by its prefix: `--lim 3` is an unknown flag (did you mean --limit?), not `--limit 3`.
 """
 
 from __future__ import annotations
@@ -32,14 +33,20 @@ from corag.errors import InputError
 
 T = TypeVar("T")
 
-# Flags and keys renamed since an earlier release: old name -> the field that took its place.
-RENAMED = {"fmt": "format", "output": "dataset"}
+# Flags and keys renamed since an earlier release, or named otherwise by another command (`corag index`
+# and `corag build-examples` call an index folder --index): that name -> the field that takes its place.
+RENAMED = {"fmt": "format", "output": "dataset", "index": "retriever"}
 UNSET = ("none", "null")  # `--KEY none`: the key's default (None), whatever the config file says
 
 
 class ConfigParser(HfArgumentParser):
     """HfArgumentParser whose fields may be positional (`metadata={"positional": True}`) and whose errors
-    are InputErrors (one line where they are caught), not a usage text and SystemExit."""
+    are InputErrors (one line where they are caught), not a usage text and SystemExit. Flags are never
+    matched by prefix (`--lim` is not `--limit`): a prefix accepted today would change meaning the day an
+    option that shares it is added, so it is an unknown flag like any other."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise InputError(message)
@@ -171,11 +178,15 @@ def _refuse_unknown(parser: argparse.ArgumentParser, extra: list[str]) -> NoRetu
 
 
 def _closest(name: str, known: list[str], prefix: str = "") -> str | None:
-    """The known name `name` was renamed to, else the closest to it (None when none is close)."""
+    """The known name `name` was renamed to, else the closest of those it is a prefix of, else the
+    closest to it (None when none is close)."""
     renamed = prefix + RENAMED.get(name.removeprefix(prefix).replace("-", "_"), "")
     if renamed in known:
         return renamed
-    close = difflib.get_close_matches(name, known, n=1)
+    extended = [k for k in known if k.startswith(name)]
+    close = difflib.get_close_matches(name, extended, n=1, cutoff=0) or difflib.get_close_matches(
+        name, known, n=1
+    )
     return close[0] if close else None
 
 

@@ -6,7 +6,8 @@ For each question, `num_chains` chains are sampled, each with its own maximum le
 After each step the chain is scored by the mean log-likelihood of the first gold answer (the scoring
 prompt is a named option, recorded in the output); a chain stops growing early when its sub-answer
 matches a gold answer (normalised EM) or that score exceeds -0.05. The chain with the highest score
-is kept.
+is kept, with the score after each of its prefixes (`prefix_scores`, the empty chain's first): the
+learned-stop examples are built from them (corag.training.examples.stop_targets) without a model.
 
 Questions are sampled in fixed blocks (`--block_size`); shards take whole blocks (`--shard i
 --num_shards n`), append each finished block's records to their own file (whole lines, flushed and
@@ -94,6 +95,7 @@ class SampledChain:
     score: float
     max_length: int
     early_stop: str | None  # "answer_match", "likelihood", "no_subquery" (an empty one) or None
+    prefix_scores: tuple[float, ...] = ()  # the score after 0, 1, ..., len(steps) steps; () if not kept
 
 
 async def gold_logprob(
@@ -116,15 +118,18 @@ async def sample_one_chain(
     max_length: int,
     passages: Sequence[Passage],
     limits: GenerationLimits = DEFAULT_LIMITS,
-) -> SampledChain:
-    """Grow one chain to at most `max_length` steps, scoring it after every step.
+) -> tuple[list[Step], list[float], str | None]:
+    """Grow one chain to at most `max_length` steps, scoring it after every step: the steps, the score
+    after each, and why it stopped early ("answer_match", "likelihood", "no_subquery" or None). The
+    score of the empty chain, the same for every chain of a question, is the caller's.
 
     An empty sub-query ends the chain ("no_subquery": the model has nothing more to ask); an empty sub-answer is
     recorded as "No relevant information found", what call B asks the model to say then.
     """
     steps: list[Step] = []
+    scores: list[float] = []
     task_desc = task_description(example.task, example.meta)
-    score, early_stop = None, None
+    early_stop = None
     while len(steps) < max_length:
         seed = call_seed(example.id, f"sample-{config.seed}-{index}", len(steps), 0)
         query = await next_subquery(ctx, example.query, steps, task_desc, config.temperature, seed, limits)
@@ -133,16 +138,14 @@ async def sample_one_chain(
             break
         step = await subanswer(ctx, query, corpus, k=config.top_k, limits=limits)
         steps.append(step if step.subanswer else Step(step.subquery, NO_INFO, step.doc_ids))
-        score = await gold_logprob(ctx, example, steps, passages)
+        scores.append(await gold_logprob(ctx, example, steps, passages))
         if max_over_golds(exact_match, steps[-1].subanswer, example.answers):
             early_stop = "answer_match"
-        elif score > config.early_stop_logprob:
+        elif scores[-1] > config.early_stop_logprob:
             early_stop = "likelihood"
         if early_stop:
             break
-    if score is None:  # not a single step: the chain is the empty one
-        score = await gold_logprob(ctx, example, steps, passages)
-    return SampledChain(tuple(steps), score, max_length, early_stop)
+    return steps, scores, early_stop
 
 
 def chain_lengths(example_id: str, config: SamplingConfig) -> list[int]:
@@ -166,12 +169,18 @@ async def sample_question(
     hits = await ctx.search(example.query, FINAL_NUM_DOCS)
     context_ids = [h.doc_id for h in hits]
     passages = corpus.get_many(context_ids) if config.scoring_prompt == "final_with_docs" else []
-    chains: list[SampledChain] = await ctx.gather(
+    lengths = chain_lengths(example.id, config)
+    empty, *grown = await ctx.gather(
+        gold_logprob(ctx, example, [], passages),  # every chain's first prefix score
         *(
             sample_one_chain(ctx, example, corpus, config, i, length, passages, limits)
-            for i, length in enumerate(chain_lengths(example.id, config))
-        )
+            for i, length in enumerate(lengths)
+        ),
     )
+    chains = [
+        SampledChain(tuple(steps), scores[-1] if scores else empty, length, early_stop, (empty, *scores))
+        for (steps, scores, early_stop), length in zip(grown, lengths, strict=True)
+    ]
     best = max(range(len(chains)), key=lambda i: chains[i].score)  # first of equal scores
     record = chain_record(example, chains[best], context_ids, config, config_hash)
     record["tokens"] = ctx.meter.usage.total
@@ -183,6 +192,7 @@ async def sample_question(
                 "subanswers": [s.subanswer for s in c.steps],
                 "doc_ids": [list(s.doc_ids) for s in c.steps],
                 "score": round_score(c.score),
+                "prefix_scores": [round_score(x) for x in c.prefix_scores],
                 "max_length": c.max_length,
                 "early_stop": c.early_stop,
             }
@@ -236,12 +246,13 @@ def chain_record(
     example: Example, chain: SampledChain, context_ids: list[str], config: SamplingConfig, config_hash: str
 ) -> dict[str, Any]:
     """The corag/multihopqa schema (query, answers, query_id, context_doc_ids, subqueries, subanswers,
-    predictions) plus per-step document ids, the score and the run's config hash.
+    predictions) plus per-step document ids, the score, the score after each prefix (when the chain
+    kept them) and the run's config hash.
 
     `predictions` is empty: rejection sampling writes no final answer (the fine-tuning stage's
     final-answer target is the gold answer).
     """
-    return {
+    record = {
         "query": example.query,
         "answers": list(example.answers),
         "query_id": example.id,
@@ -260,6 +271,9 @@ def chain_record(
         "scoring_prompt": config.scoring_prompt,
         "config_hash": config_hash,
     }
+    if chain.prefix_scores:
+        record["prefix_scores"] = [round_score(s) for s in chain.prefix_scores]
+    return record
 
 
 # Validation -----------------------------------------------------------------------------------------

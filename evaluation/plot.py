@@ -10,7 +10,7 @@ from corag.evaluation import folder_results, write_results
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("folder", type=Path)
     parser.add_argument("--metric", default="em")
     args = parser.parse_args()

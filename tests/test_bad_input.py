@@ -51,6 +51,19 @@ class Files:
     def chains(self, **change) -> str:
         return put(self.tmp / "chains.jsonl", jsonl({**CHAIN, **change}))
 
+    def other_index(self) -> str:
+        """A BM25 index over another corpus than `corpus()`, in a folder of its own."""
+        from corag.data.corpus import Corpus
+        from corag.retrieval.bm25 import build_bm25_folder
+
+        (self.tmp / "other").mkdir()
+        other = Corpus.load(
+            put(self.tmp / "other" / "c.jsonl", jsonl({"id": "x", "title": "X", "contents": "y"}))
+        )
+        return str(
+            build_bm25_folder([[other.passage(0)]], self.tmp / "other" / "index", corpus=other.fingerprint())
+        )
+
 
 OUT = "{out}"  # where a command would write: checked to hold nothing afterwards
 
@@ -66,6 +79,8 @@ CASES = [
      "field 'paragraphs': null", "musique.jsonl, line 1"),
     ("a corpus of empty passages only", lambda f: ["index", f.corpus([("", "")] * 4), "--out", OUT, "--kind", "bm25"],
      "all 4 passages are empty", "corpus.jsonl"),
+    ("an index built over another corpus", lambda f: ["predict", "--data", f.questions(), "--model", "m", "--corpus",
+     f.corpus(), "--retriever", f.other_index(), "--out", OUT], "the index was built over another corpus", "field 'corpus'"),
     ("chunk size 0", lambda f: ["index", f.corpus(), "--out", OUT, "--chunk_size", "0"],
      "must be 1 or more, got 0", "field '--chunk_size'"),
     ("an encoder that is only on the hub (offline)", lambda f: ["index", f.corpus(), "--out", OUT, "--model", "e5-large-v2"],
@@ -141,6 +156,7 @@ def test_each_kind_of_bad_input_is_one_line(
     inputs.mkdir()
     out = tmp_path / "out"
     argv = [out.as_posix() if a == OUT else a for a in build(Files(inputs, shared_data, tiny_model_dir))]
+    before = sorted(p.relative_to(inputs) for p in inputs.rglob("*"))
     status = main(argv)
     err = capsys.readouterr().err
     assert status == 2, err
@@ -150,6 +166,8 @@ def test_each_kind_of_bad_input_is_one_line(
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("out")] in ([], ["out.lock"]), (
         "half-written"
     )
+    # nothing beside the inputs either (a corpus store prepared before the refusal is removed)
+    assert sorted(p.relative_to(inputs) for p in inputs.rglob("*")) == before
 
 
 def test_there_are_at_least_thirty_kinds_here():

@@ -266,6 +266,38 @@ def test_a_misspelled_flag_or_key_is_one_line_naming_the_closest(name, tmp_path,
     one_line(status, err, name, f"{config}, field '{misspell(key)}': unknown config key; did you mean {key}?")
 
 
+# corag submit passes sbatch's flags through to sbatch, as for misspelled flags above
+@pytest.mark.parametrize("name", sorted(set(COMMANDS) - {"submit"}))
+def test_an_abbreviated_flag_is_an_unknown_flag_in_every_command(name, capsys):
+    """A prefix of one option is not that option (it would change meaning the day another option shares
+    it): one line naming the closest option. A second unknown flag after it shows which one was refused,
+    so a command that took the prefix fails here without running."""
+    command = [name, *SUBCOMMAND.get(name, [])]
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*\b(?!-)", capsys.readouterr().out)) - {"--help"}
+    flag = max(sorted(flags), key=len)
+    prefix = flag[: max(4, len(flag) - 2)]
+    assert prefix not in flags
+    status, err = run([*command, prefix, "1", "--zzzz"], capsys)
+    one_line(status, err, name, f"unknown flag {prefix}; did you mean {flag}?")
+
+
+@pytest.mark.parametrize(
+    ("argv", "end"),
+    [
+        (["evaluate", "--lim", "3"], "unknown flag --lim; did you mean --limit?"),
+        (["predict", "--mod", "M", "--retr", "R"], "unknown flag --mod; did you mean --model?"),
+        # a prefix of two options, and the name `corag index` and build-examples give an index folder
+        (["predict", "--index", "X"], "unknown flag --index; did you mean --retriever?"),
+        (["predict", "--index_dev", "cpu"], "unknown flag --index_dev; did you mean --index_devices?"),
+    ],
+)
+def test_prefixes_of_one_or_two_options_are_unknown_flags(argv, end, capsys):
+    status, err = run(argv, capsys)
+    one_line(status, err, argv[0], end)
+
+
 def load_script(path: Path):
     spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)

@@ -65,6 +65,9 @@ def test_flags_win_over_the_file_and_none_unsets_a_key(tmp_path):
         (["--out", "o", "--output", "d"], "unknown flag --output; did you mean --dataset?"),  # renamed
         (["--ouut", "o"], "unknown flag --ouut; did you mean --out?"),  # before --out is found missing
         (["--out", "o", "--zzzzzz"], "unknown flag --zzzzzz; see --help"),
+        (["--out", "o", "--lim", "3"], "unknown flag --lim; did you mean --limit?"),  # no prefixes
+        (["--out", "o", "--temp=1"], "unknown flag --temp; did you mean --temperature?"),
+        (["--o", "o"], "unknown flag --o; did you mean --out?"),
         (["--out", "o", "stray"], "unrecognized arguments: stray"),
         ([], "the following arguments are required: --out"),
         (["--out", "o", "--limit", "many"], "argument --limit: invalid int value: 'many'"),

@@ -4,6 +4,14 @@
     corag index CORPUS --out DIR --from-embeddings DIR        # the released CoRAG embeddings
     corag index CORPUS --out DIR --from-faiss e5_Flat.index --model e5-base-v2   # Search-R1's index
     corag index CORPUS --out DIR --approx ivf-pq              # also an approximate faiss index
+    corag index CORPUS --out DIR --skip-empty                 # leave out passages without any text
+
+Empty passages (no title, no contents) are indexed as they are, after one warning line with their count
+and first ids: the index's rows stay the corpus's rows (as released embeddings and every shard of a
+sharded build count them), and a corpus with holes is the user's to mend or accept, not ours to change
+without a word. They are not harmless: BM25 never finds them, but a dense encoder gives them a vector
+(of the passage prefix alone) that some queries rank high. `--skip-empty` leaves them out (the index
+then names its rows in ids.json) and says how many; a corpus of empty passages only is refused.
 
 How the folders are laid out, resumed and merged: corag/retrieval/index.py.
 """
@@ -97,21 +105,32 @@ class IndexConfig:
         default=False,
         metadata={"help": "build afresh; the old index is kept aside until the new one is complete"},
     )
+    skip_empty: bool = field(
+        default=False,
+        metadata={"help": "leave passages without title and contents out of the index (counted)"},
+    )
 
 
-def check_passages(corpus: Corpus, source: str) -> None:
-    """A corpus of empty passages only is refused (every search would return nothing); empty ones
-    among others are counted in one warning line."""
-    empty = corpus.count_empty()
-    if empty == len(corpus):
+def check_passages(corpus: Corpus, source: str, skip_empty: bool) -> None:
+    """A corpus of empty passages only is refused (nothing to search); empty ones among others are
+    counted, with their first ids, in one line: a warning that they are indexed as they are, or, with
+    `skip_empty`, what was left out."""
+    empty = corpus.empty_rows()
+    if len(empty) == len(corpus):
         raise InputError(
-            f"all {empty} passages are empty (no title, no contents): nothing to search", file=source
+            f"all {len(empty)} passages are empty (no title, no contents): nothing to search", file=source
         )
-    if empty:
-        print(
-            f"warning: {source}: {empty} of {len(corpus)} passages are empty; no search finds them",
-            file=sys.stderr,
-        )
+    if len(empty):
+        ids = ", ".join(repr(corpus.ids[int(r)]) for r in empty[:5]) + (", ..." if len(empty) > 5 else "")
+        what = f"{len(empty)} of {len(corpus)} passages are empty (no title, no contents; ids {ids})"
+        if skip_empty:
+            print(f"{source}: {what}: left out of the index")
+        else:
+            print(
+                f"warning: {source}: {what}: indexed as they are (a dense search can return them); "
+                "--skip-empty leaves them out",
+                file=sys.stderr,
+            )
 
 
 def faiss_encoder(args: IndexConfig) -> EncoderSettings:
@@ -132,10 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("chunk_size", "batch_size", "num_shards"):
         if getattr(args, name) < 1:
             raise InputError(f"must be 1 or more, got {getattr(args, name)}", field=f"--{name}")
+    if args.skip_empty and args.from_embeddings:
+        raise InputError(
+            "imported embeddings hold a vector for every corpus row: --skip-empty applies to builds that "
+            "encode",
+            field="--skip-empty",
+        )
     corpus = Corpus.load(args.corpus)
-    check_passages(corpus, args.corpus)
+    check_passages(corpus, args.corpus, args.skip_empty)
     if args.kind == "bm25":
-        out = build_bm25(corpus, args.out, overwrite=args.overwrite)
+        out = build_bm25(corpus, args.out, overwrite=args.overwrite, skip_empty=args.skip_empty)
         print(f"bm25 index of {len(corpus)} passages written to {out}")
         return 0
     out = Path(args.out)
@@ -161,10 +186,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.from_embeddings:
             out = import_embeddings(corpus, out, args.from_embeddings, encoder, args.dtype, args.overwrite)
         elif args.merge:
-            out = merge_dense(corpus, out)
+            out = merge_dense(corpus, out, args.skip_empty)
         else:
             out = build_dense(
-                corpus, out, encoder, args.chunk_size, args.dtype, args.overwrite, args.shard, args.num_shards
+                corpus,
+                out,
+                encoder,
+                args.chunk_size,
+                args.dtype,
+                args.overwrite,
+                args.shard,
+                args.num_shards,
+                args.skip_empty,
             )
             if args.num_shards > 1:
                 return 0

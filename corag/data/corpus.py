@@ -39,6 +39,7 @@ from corag.data.jsonl import (
     iter_jsonl,
     locked,
     open_parquet,
+    provisional,
     refuse_inputs_as_outputs,
 )
 from corag.errors import InputError
@@ -437,12 +438,17 @@ def prepare_corpus(
 
     A store that is complete and was built from the same files (path, size, modification time) is
     reused; otherwise it is rebuilt in a temporary folder and renamed into place, so a reader never
-    sees half a store. Concurrent callers serialise on a lock: one converts, the others reuse it.
+    sees half a store. Concurrent callers serialise on a lock: one converts, the others reuse it. A
+    store (and lock file) this call creates is removed again if the command that asked for it is then
+    refused (corag.data.jsonl.removed_if_refused): a refused run leaves nothing beside the source.
     """
     found = _find_source(Path(source))
     store = Path(out) if out is not None else default_store_path(found.path, cache_dir)
     check_output(store, "--out", marks=("store.json",))  # --overwrite included
     stamps = found.stamps()
+    lock = store.with_name(store.name + ".lock")
+    for path in (p for p in (lock, store) if not p.exists()):  # a refused run removes what it made
+        provisional(path)
     with locked(store, "preparing"):
         manifest = _read_manifest(store)
         if manifest is not None and manifest.get("sources") == stamps and not overwrite:
@@ -557,17 +563,19 @@ class Corpus:
         """All ids in row order."""
         return _Ids(self)
 
-    def count_empty(self, block: int = 1 << 22) -> int:
-        """Passages with neither title nor contents, counted from the stored offsets (no text read)."""
+    def empty_rows(self, start: int = 0, stop: int | None = None, block: int = 1 << 22) -> np.ndarray:
+        """Rows start..stop-1 whose passage has neither title nor contents, from the stored offsets (no
+        text is read)."""
+        stop = self._rows if stop is None else min(stop, self._rows)
         title, contents = (
             np.memmap(self.store / f"{name}.offsets", "<i8", mode="r") for name in ("title", "contents")
         )
-        empty = 0
-        for start in range(0, self._rows, block):
-            stop = min(start + block, self._rows)
-            sizes = np.diff(title[start : stop + 1]) + np.diff(contents[start : stop + 1])
-            empty += int((sizes == 0).sum())
-        return empty
+        found = []
+        for a in range(start, stop, block):
+            b = min(a + block, stop)
+            sizes = np.diff(title[a : b + 1]) + np.diff(contents[a : b + 1])
+            found.append(np.flatnonzero(sizes == 0) + a)
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
 
     def _id_range(self, start: int, stop: int) -> list[str]:
         return self._id.range(start, stop) if self._id is not None else [str(r) for r in range(start, stop)]
@@ -672,22 +680,50 @@ def _with_context_ids(example: Example, ids: dict[tuple[str, str], str]) -> Exam
     return replace(example, supporting_ids=tuple(dict.fromkeys(supporting)), decomposition=steps)
 
 
+def _check_one_text(
+    named: dict[str, tuple[str, str | None, str]], paragraph: dict[str, Any], file: str | None, question: str
+) -> None:
+    """HotpotQA and 2WikiMultihopQA name a paragraph by its title (their supporting facts cite titles), so
+    one title with two texts, in one file or two, is refused: which text the corpus gives the title would
+    depend on the order of the files. MuSiQue numbers paragraphs within a question (`idx`), and its
+    titles name many paragraphs: those are told apart by their text alone."""
+    if "idx" in paragraph:
+        return
+    title, text = paragraph["title"], paragraph["text"]
+    first_text, first_file, first_question = named.setdefault(title, (text, file, question))
+    if first_text != text:
+        raise InputError(
+            f"paragraph {title!r} has another text here than in {first_file or 'the examples given'} (question "
+            f"{first_question!r}); a title names one paragraph in HotpotQA and 2Wiki: build one corpus per "
+            "file, or correct one of them",
+            file=file,
+            record=question,
+            field="context",
+        )
+
+
 def corpus_from_contexts(sources: Iterable[Example | str | Path], out: str | Path) -> ContextCorpus:
     """Build a retrieval corpus from the context paragraphs of HotpotQA, 2WikiMultihopQA and MuSiQue
     questions (examples, or files that `load_examples` reads), de-duplicated by (title, text) as IRCoT
-    did. Ids are row numbers in first-seen order. Writes corpus JSONL to `out` (atomically) and returns
+    did; a HotpotQA or 2Wiki title with two texts is refused (`_check_one_text`). Ids are row numbers in
+    first-seen order. Writes corpus JSONL to `out` (atomically) and returns
     the examples with `supporting_ids` (and MuSiQue step `doc_ids`) pointing into it. Examples without
     context paragraphs pass through unchanged."""
     from corag.data.formats import load_examples
 
     sources = list(sources)
     examples: list[Example] = []
+    files: list[str | None] = []  # the file of each example
     for source in sources:
-        examples.extend(load_examples(source) if isinstance(source, str | Path) else [source])
+        loaded = load_examples(source) if isinstance(source, str | Path) else [source]
+        examples.extend(loaded)
+        files.extend([str(source) if isinstance(source, str | Path) else None] * len(loaded))
     ids: dict[tuple[str, str], str] = {}
     title_ids: dict[str, list[str]] = {}
-    for example in examples:
+    named: dict[str, tuple[str, str | None, str]] = {}  # title -> (text, file, question) where it was first
+    for example, file in zip(examples, files, strict=True):
         for p in example.meta.get("paragraphs") or []:
+            _check_one_text(named, p, file, example.id)
             key = (p["title"], p["text"])
             if key not in ids:
                 ids[key] = str(len(ids))

@@ -164,6 +164,37 @@ def atomic_folder(target: str | Path) -> Iterator[Path]:
         raise
 
 
+# Paths the innermost `removed_if_refused` block created beside its inputs (a stack: blocks may nest).
+_PROVISIONAL: list[list[Path]] = []
+
+
+def provisional(path: str | Path) -> None:
+    """Record that this run created `path` (a file or folder beside an input, such as a corpus store):
+    it is removed again if the run is refused (`removed_if_refused`)."""
+    if _PROVISIONAL:
+        _PROVISIONAL[-1].append(Path(path))
+
+
+@contextlib.contextmanager
+def removed_if_refused() -> Iterator[None]:
+    """Run a command so that a refusal (an InputError) leaves the folders of its inputs as it found them:
+    what it created there and recorded with `provisional` is removed before the error goes on. Kept
+    when the run succeeds or fails otherwise (an interrupted conversion is worth reusing)."""
+    made: list[Path] = []
+    _PROVISIONAL.append(made)
+    try:
+        yield
+    except InputError:
+        for path in reversed(made):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        raise
+    finally:
+        _PROVISIONAL.pop()
+
+
 @contextlib.contextmanager
 def locked(path: str | Path, doing: str = "writing") -> Iterator[None]:
     """An exclusive lock on `PATH.lock`: one process builds `path` while the others wait (no timeout);

@@ -10,7 +10,9 @@ all writing into the same folder); `--merge` checks that every chunk exists and 
 (`NAME-shard-{0..S-1}.pt`, each a [rows, dim] tensor, concatenated in shard order) instead;
 `--from-faiss FILE` a flat faiss index (Search-R1's and FlashRAG's `e5_Flat.index`), block by block.
 `--approx KIND` adds an approximate faiss index (IVF-Flat, IVF-PQ, HNSW) and reports its recall
-against exact search.
+against exact search. `--skip-empty` leaves passages without title and contents out of an encoded or
+BM25 index: each chunk then holds the non-empty passages of its rows, `ids.json` names every row, and
+the manifest counts the passages left out (`skipped_empty`).
 """
 
 from __future__ import annotations
@@ -129,6 +131,14 @@ def shard_chunks(num_chunks: int, shard: int, num_shards: int) -> range:
     return range(shard * num_chunks // num_shards, (shard + 1) * num_chunks // num_shards)
 
 
+def _kept(corpus: Corpus, start: int, stop: int, skip_empty: bool) -> np.ndarray | None:
+    """The rows start..stop-1 an index keeps: None for all of them, else those with some text."""
+    if not skip_empty:
+        return None
+    rows = np.arange(start, min(stop, len(corpus)))
+    return np.setdiff1d(rows, corpus.empty_rows(start, stop), assume_unique=True)
+
+
 def build_dense(
     corpus: Corpus,
     out: str | Path,
@@ -138,13 +148,16 @@ def build_dense(
     overwrite: bool = False,
     shard: int = 0,
     num_shards: int = 1,
+    skip_empty: bool = False,
 ) -> Path:
     """Encode shard `shard` of `num_shards` of `corpus` into `out`, resuming from chunks already there;
-    with one shard (the default) the folder is completed at the end (see `merge_dense`)."""
+    with one shard (the default) the folder is completed at the end (see `merge_dense`). With
+    `skip_empty`, passages without title and contents are left out."""
     out = Path(out)
     if len(corpus) == 0:
         raise InputError("cannot index an empty corpus", file=corpus.name)
-    settings = _settings(encoder, corpus, dtype, {"source": "encode", "chunk_size": chunk_size})
+    source = {"source": "encode", "chunk_size": chunk_size, **({"skip_empty": True} if skip_empty else {})}
+    settings = _settings(encoder, corpus, dtype, source)
     if not overwrite and is_complete(out, {**settings, "corpus_sources": _corpus_sources(corpus)}):
         print(f"{out} is already complete")
         return out
@@ -156,6 +169,10 @@ def build_dense(
     done = 0
     for i in mine:
         batch = next(corpus.iter_batches(chunk_size, start=i * chunk_size, stop=(i + 1) * chunk_size))
+        kept = _kept(corpus, i * chunk_size, (i + 1) * chunk_size, skip_empty)
+        rows_read = len(batch)
+        if kept is not None:
+            batch = [batch[r] for r in (kept - i * chunk_size).tolist()]
         h = chunk_hash(batch)
         path = chunks / f"{i:06d}-{h}.npy"
         if not path.exists():
@@ -166,17 +183,17 @@ def build_dense(
                     "changed); use another folder or --overwrite",
                     file=str(stale[0]),
                 )
-            vectors = _store(encoder.encode_passages(batch), dtype)
+            vectors = encoder.encode_passages(batch) if batch else np.zeros((0, encoder.dim), np.float32)
             with atomic_write(path, "wb") as f:
-                np.save(f, vectors)
+                np.save(f, _store(vectors, dtype))
         else:
             done += 1
-        bar.update(len(batch))
+        bar.update(rows_read)
     bar.close()
     if done:
         print(f"reused {done} finished chunk(s) of {len(mine)}")
     if num_shards == 1:
-        return merge_dense(corpus, out)
+        return merge_dense(corpus, out, skip_empty)
     print(
         f"shard {shard} of {num_shards} written to {out}; once every shard is, run the same command with --merge"
     )
@@ -187,13 +204,17 @@ def _corpus_sources(corpus: Corpus) -> list:
     return json.loads((corpus.store / "store.json").read_text()).get("sources", [])
 
 
-def merge_dense(corpus: Corpus, out: str | Path) -> Path:
-    """Complete an encoded index folder: one chunk file for every chunk number, each of the right size."""
+def merge_dense(corpus: Corpus, out: str | Path, skip_empty: bool = False) -> Path:
+    """Complete an encoded index folder: one chunk file for every chunk number, each of the right size
+    (the shards' `skip_empty` must be this one's)."""
     out = Path(out)
     path = out / "manifest.json"
     if not path.is_file():
         raise InputError("no manifest.json: no build was started in this folder", file=str(out))
     manifest = json.loads(path.read_text())
+    if bool(manifest.get("skip_empty")) != skip_empty:
+        started = "with" if manifest.get("skip_empty") else "without"
+        raise InputError(f"the build was started {started} --skip-empty", file=str(path), field="skip_empty")
     if manifest.get("corpus_size") != len(corpus):
         raise InputError(
             f"the index was started for {manifest.get('corpus_size')} passages, the corpus has {len(corpus)}",
@@ -211,7 +232,8 @@ def merge_dense(corpus: Corpus, out: str | Path) -> Path:
                 f"chunk {i} of {num_chunks} {why} (rows {i * chunk_size}..{min((i + 1) * chunk_size, len(corpus)) - 1})",
                 file=str(out / CHUNK_DIR),
             )
-        rows = min(chunk_size, len(corpus) - i * chunk_size)
+        kept = _kept(corpus, i * chunk_size, (i + 1) * chunk_size, bool(manifest.get("skip_empty")))
+        rows = min(chunk_size, len(corpus) - i * chunk_size) if kept is None else len(kept)
         if read_npy_shape(found[0]) != (rows, dim):
             raise InputError(f"expected {rows} vectors of {dim} dimensions", file=str(found[0]))
         files.append({"file": found[0].relative_to(out).as_posix(), "rows": rows})
@@ -219,12 +241,17 @@ def merge_dense(corpus: Corpus, out: str | Path) -> Path:
 
 
 def _finish(out: Path, manifest: dict, files: list[dict], corpus: Corpus) -> Path:
-    if not corpus.ids_are_rows:
-        write_json(out / "ids.json", list(corpus.ids))
+    empty = corpus.empty_rows() if manifest.get("skip_empty") else np.zeros(0, np.int64)
+    ids_are_rows = corpus.ids_are_rows and not len(empty)
+    if not ids_are_rows:
+        skipped = set(empty.tolist())
+        write_json(out / "ids.json", [d for r, d in enumerate(corpus.ids) if r not in skipped])
     else:
         (out / "ids.json").unlink(missing_ok=True)
     final = {**manifest, "chunks": files, "corpus": corpus.fingerprint()}
-    final.update(ids_are_rows=corpus.ids_are_rows, corpus_sources=_corpus_sources(corpus), complete=True)
+    if manifest.get("skip_empty"):
+        final["skipped_empty"] = len(empty)
+    final.update(ids_are_rows=ids_are_rows, corpus_sources=_corpus_sources(corpus), complete=True)
     write_json(out / "manifest.json", final)
     shutil.rmtree(_replaced(out), ignore_errors=True)
     return out
@@ -603,12 +630,15 @@ def build_approx(
 # BM25 ----------------------------------------------------------------------------------------------
 
 
-def build_bm25(corpus: Corpus, out: str | Path, overwrite: bool = False) -> Path:
-    """Build and save a BM25 index over `title + contents` of every passage, memory-bounded."""
+def build_bm25(corpus: Corpus, out: str | Path, overwrite: bool = False, skip_empty: bool = False) -> Path:
+    """Build and save a BM25 index over `title + contents` of every passage (with `skip_empty`, of every
+    passage that has some), memory-bounded."""
     from corag.retrieval.bm25 import build_bm25_folder
 
     out = Path(out)
     if (out / "manifest.json").exists() and not overwrite:
         raise InputError("folder already holds an index; use --overwrite", file=str(out))
     batches = tqdm(corpus.iter_batches(8192), total=-(-len(corpus) // 8192), desc="tokenizing", unit="batch")
+    if skip_empty:
+        batches = ([p for p in batch if p.title or p.contents] for batch in batches)
     return build_bm25_folder(batches, out, num_docs=len(corpus), corpus=corpus.fingerprint())

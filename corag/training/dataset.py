@@ -165,17 +165,35 @@ class _LazyRetriever:
         return self._retriever.search(queries, k)
 
 
+def check_prefix_scores(config: ExamplesConfig) -> None:
+    """Stop examples come from the prefix scores `corag sample` keeps in each record, with no model. A
+    chains file written before it kept them is scored by `scorer_model` as before, which one line says;
+    without a scorer_model it is refused before anything is built."""
+    total, missing, first = 0, 0, None
+    for chain in iter_chains(config.chains, config.min_score):  # streamed: memory stays small
+        total += 1
+        if chain.prefix_scores is None:
+            missing, first = missing + 1, first or chain.id
+    if not missing:
+        return
+    what = f"{missing} of {total} chains have no prefix_scores (written before `corag sample` kept them)"
+    if config.scorer_model is None:
+        raise InputError(
+            f"{what}: set scorer_model to score their prefixes for stop examples",
+            file=config.chains,
+            record=first,
+            field="scorer_model",
+        )
+    logger.warning(
+        "%s: scoring their prefixes with scorer_model %s for stop examples", what, config.scorer_model
+    )
+
+
 def _prefix_scorer(config: ExamplesConfig) -> Any:
     """Stop examples of records without prefix scores are scored by `scorer_model` (loaded when needed)."""
     scorer: list[Any] = []
 
     def score(chains: Any) -> list[list[float]]:
-        if config.scorer_model is None:
-            raise InputError(
-                f"{len(chains)} chains have no prefix_scores for stop examples: set `scorer_model`",
-                record=chains[0].id,
-                field="scorer_model",
-            )
         if not scorer:
             from corag.lm.settings import EngineSettings
 
@@ -336,6 +354,8 @@ def build(config: ExamplesConfig, builder: bool = True) -> Path:
             return out
         if out.exists():
             raise InputError("exists and is not a finished examples dataset; delete it", file=str(out))
+        if config.stop_examples:
+            check_prefix_scores(config)
         work = out.with_name(out.name + ".partial")
         recorded = work / "settings.json"
         if recorded.is_file() and json.loads(recorded.read_text()) != wanted:

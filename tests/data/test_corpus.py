@@ -411,3 +411,34 @@ def test_from_contexts_command_round_trip_on_real_hotpotqa(shared_data: Path, tm
     assert metrics["recall@5_question"] == pytest.approx(100 * 51 / 103)
     assert metrics["em"] == 100.0 and metrics["settings"]["predictions"] == str(tmp_path / "preds.jsonl")
     assert metrics["wall_seconds"] >= 0
+
+
+def test_from_contexts_refuses_one_title_with_two_texts_and_keeps_one_paragraph_given_twice(
+    shared_data: Path, tmp_path, capsys
+):
+    """HotpotQA names a paragraph by its title: two files giving one title two texts are refused in one
+    line naming both files, and nothing is written; the same paragraph in both files is one passage."""
+    from corag.cli import main
+
+    raw = json.loads(
+        (shared_data / "hotpotqa" / "hotpot_dev_distractor_sample.json").read_text(encoding="utf-8")
+    )
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text(json.dumps(raw[:60]))
+    second.write_text(json.dumps(raw[40:]))  # 20 questions, and their paragraphs, in both files
+    out = tmp_path / "out" / "corpus.jsonl"
+    assert main(["corpus", "from-contexts", str(first), str(second), "--out", str(out)]) == 0
+    distinct = {(t, "".join(s).strip()) for r in raw for t, s in r["context"]}
+    assert len(read_jsonl(out)) == len(distinct) == len({t for t, _ in distinct})
+    capsys.readouterr()
+
+    changed = json.loads(json.dumps(raw[40:]))
+    title = changed[5]["context"][2][0]
+    changed[5]["context"][2][1] = ["Another text under the same title."]
+    second.write_text(json.dumps(changed))
+    out = tmp_path / "clash" / "corpus.jsonl"
+    assert main(["corpus", "from-contexts", str(first), str(second), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"paragraph {title!r} has another text here than in {first}" in err, err
+    assert err.startswith(f"corag corpus: error: {second}, id '{changed[5]['_id']}', field 'context'"), err
+    assert not out.parent.exists()

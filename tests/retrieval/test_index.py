@@ -351,3 +351,50 @@ def test_an_index_over_another_corpus_is_refused_before_any_model_loads(tmp_path
     assert cli([*argv, "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "p.jsonl")]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
     assert "idx/manifest.json" in line and "field 'corpus'" in line and "no-model" not in line
+
+
+def empty_holes_corpus(tmp_path) -> Corpus:
+    """Ten passages, the ones with ids e1 and e2 (rows 3 and 7) without title and contents."""
+    rows = [Passage(f"p{i}", f"Title {i}", f"Passage {i} tells of thing {i}.") for i in range(10)]
+    rows[3], rows[7] = Passage("e1", "", ""), Passage("e2", "", "")
+    write_corpus_jsonl(tmp_path / "holes.jsonl", rows)
+    return Corpus.load(tmp_path / "holes.jsonl")
+
+
+def test_empty_passages_are_named_in_one_warning_or_left_out_when_asked(encoder, tmp_path, capsys):
+    from corag.cli import main
+
+    corpus = empty_holes_corpus(tmp_path)
+    source = str(tmp_path / "holes.jsonl")
+    assert main(["index", source, "--out", str(tmp_path / "kept"), "--kind", "bm25"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "empty" in line]
+    assert warning == [
+        f"warning: {source}: 2 of 10 passages are empty (no title, no contents; ids 'e1', 'e2'): indexed as "
+        "they are (a dense search can return them); --skip-empty leaves them out"
+    ]
+    assert main(["index", source, "--out", str(tmp_path / "bm25"), "--kind", "bm25", "--skip-empty"]) == 0
+    out = capsys.readouterr()
+    assert "empty" not in out.err and "2 of 10 passages are empty" in out.out and "left out" in out.out
+    bm25 = load_retriever(tmp_path / "bm25")
+    assert list(bm25.ids) == [f"p{i}" for i in (0, 1, 2, 4, 5, 6, 8, 9)]
+    assert [h.doc_id for h in bm25.search(["thing 4"], 1)[0]] == ["p4"]
+
+    # dense: an empty passage gets a vector, which an empty query finds first; left out, it is not there
+    kept = load_dense(build_dense(corpus, tmp_path / "dense", encoder, chunk_size=4), shard_devices=[])
+    assert {h.doc_id for h in kept.search([""], 2)[0]} == {"e1", "e2"}
+    skipped = build_dense(corpus, tmp_path / "skip", encoder, chunk_size=4, skip_empty=True)
+    manifest = json.loads((skipped / "manifest.json").read_text())
+    assert (manifest["skipped_empty"], manifest["ids_are_rows"]) == (2, False)
+    dense = load_dense(skipped, shard_devices=[])
+    assert list(dense.ids) == list(bm25.ids) and dense.index.ntotal == 8
+    assert not {h.doc_id for h in dense.search(["", "thing 4"], 10)[0]} & {"e1", "e2"}
+    assert dense.search(["Passage 4 tells of thing 4."], 1)[0][0].doc_id == "p4"
+    # sharded over processes and merged, the same folder; a merge must follow the build's choice
+    for shard in (0, 1):
+        build_dense(
+            corpus, tmp_path / "sharded", encoder, chunk_size=4, shard=shard, num_shards=2, skip_empty=True
+        )
+    with pytest.raises(InputError, match="the build was started with --skip-empty"):
+        merge_dense(corpus, tmp_path / "sharded")
+    merge_dense(corpus, tmp_path / "sharded", skip_empty=True)
+    assert folder_state(tmp_path / "sharded") == folder_state(skipped)

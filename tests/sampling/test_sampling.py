@@ -99,6 +99,21 @@ def test_kept_chain_is_the_argmax_of_recomputed_scores(reference, setup):
         assert record["score"] == pytest.approx(max(scores), abs=1e-4)
 
 
+def test_every_chain_keeps_its_score_after_each_prefix(reference, setup):
+    """prefix_scores[i] is the gold answer's score given the first i steps, the empty chain's first and the
+    chain's own score last: what learned-stop examples are built from without loading the model again."""
+    lm = load_lm(setup["model"])
+    for line in reference.read_text().splitlines():
+        record = json.loads(line)
+        chains = [record, *record["candidates"]]
+        for chain in chains:
+            n = len(chain["subqueries"])
+            steps = _steps(chain) if "doc_ids" in chain else [Step(**s) for s in chain["steps"]]
+            assert len(chain["prefix_scores"]) == n + 1 and chain["prefix_scores"][-1] == chain["score"]
+            recomputed = [_recompute(lm, record, steps[:i]) for i in range(n + 1)]
+            assert chain["prefix_scores"] == pytest.approx(recomputed, abs=1e-4)
+
+
 def test_chains_stop_exactly_when_the_rule_says(reference, setup):
     """A chain grows until its max length unless a step's answer matches or the likelihood passes."""
     lm = load_lm(setup["model"])

@@ -189,13 +189,21 @@ def _flags(cfg: dataset.ExamplesConfig) -> list[str]:
 
 
 def test_stop_examples_scored_by_the_model_when_records_lack_prefix_scores(
-    sampled, toy_dir, tiny_model_dir, tmp_path
+    sampled, toy_dir, tiny_model_dir, tmp_path, caplog
 ):
-    with pytest.raises(InputError, match="field 'scorer_model'"):
+    n = len(sampled.read_text().splitlines())
+    with pytest.raises(InputError, match=rf"field 'scorer_model': {n} of {n} chains have no prefix_scores"):
         dataset.build(config(sampled, toy_dir, tiny_model_dir, tmp_path / "none", stop_examples=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["none.lock"]  # refused before any shard
     cfg = config(sampled, toy_dir, tiny_model_dir, tmp_path / "stop", stop_examples=True)
     cfg.scorer_model = str(tiny_model_dir)
-    built = rows(dataset.build(cfg))
+    with caplog.at_level("INFO", logger="corag.training.dataset"):
+        built = rows(dataset.build(cfg))
+    said = [r.getMessage() for r in caplog.records if "prefix_scores" in r.getMessage()]
+    assert said == [  # one line for the file, not one a shard
+        f"{n} of {n} chains have no prefix_scores (written before `corag sample` kept them): scoring their "
+        f"prefixes with scorer_model {tiny_model_dir} for stop examples"
+    ]
     records = [json.loads(line) for line in sampled.read_text().splitlines()]
     stops = [e for e in built if e["task"] == "stop"]
     assert len(stops) == sum(len(r["steps"]) for r in records)
@@ -203,3 +211,44 @@ def test_stop_examples_scored_by_the_model_when_records_lack_prefix_scores(
     assert sorted((e["chain_id"], e["step"]) for e in stops) == sorted(
         (r["query_id"], i) for r in records for i in range(1, len(r["steps"]) + 1)
     )
+
+
+def test_stop_examples_come_from_the_recorded_prefix_scores_without_loading_a_model(
+    sampled, toy_dir, tiny_model_dir, tmp_path, monkeypatch, caplog
+):
+    """Records as `corag sample` writes them now: their prefix scores decide each stop target (Yes from
+    the best prefix on), and no model is loaded, even with a scorer_model set (as the SFT recipe sets it);
+    a file mixing old and new records scores only the old ones, and says how many."""
+    from corag.lm.settings import EngineSettings
+
+    lines = sampled.read_text().splitlines()
+    best = {}
+    with open(tmp_path / "scored.jsonl", "w") as f:
+        for i, line in enumerate(lines):
+            record = json.loads(line)
+            steps = len(record["steps"])
+            best[record["query_id"]] = i % (steps + 1)  # every prefix is the best of some chain
+            record["prefix_scores"] = [-abs(j - best[record["query_id"]]) - 0.5 for j in range(steps + 1)]
+            f.write(json.dumps(record) + "\n")
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(EngineSettings, "load", no_model)
+    cfg = config(tmp_path / "scored.jsonl", toy_dir, tiny_model_dir, tmp_path / "stop", stop_examples=True)
+    cfg.scorer_model = str(tiny_model_dir)
+    with caplog.at_level("INFO", logger="corag.training.dataset"):
+        built = rows(dataset.build(cfg))
+    assert "prefix_scores" not in caplog.text
+    stops = [e for e in built if e["task"] == "stop"]
+    assert len(stops) == sum(len(json.loads(line)["steps"]) for line in lines)
+    for e in stops:
+        expected = "Yes" if e["step"] >= best[e["chain_id"]] else "No"
+        assert e["completion"][0]["content"] == expected, e["id"]
+
+    new = (tmp_path / "scored.jsonl").read_text().splitlines()
+    mixed = tmp_path / "mixed.jsonl"  # new records, then old ones appended by an older run
+    mixed.write_text("\n".join(new[:-10] + lines[-10:]) + "\n")
+    cfg = config(mixed, toy_dir, tiny_model_dir, tmp_path / "mixed", stop_examples=True)
+    with pytest.raises(InputError, match=rf"10 of {len(lines)} chains have no prefix_scores"):
+        dataset.build(cfg)
