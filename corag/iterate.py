@@ -26,7 +26,7 @@ driver process (on the login node, or a small job of its own), from the project 
 1. sample: the sampling array (sampling/slurm_array.sh with `sampling_config`, each node serving the index
    `retriever` names, or searching the service URL it names), its shards then merged here into the
    round's chains; the sampling settings are `sampling_config`'s, its seed + r - 1 in round r.
-2. pool: one job (sampling/slurm_pool.sh: `python -m corag.commands.pool`) loads round r's sampler with
+2. pool: one job (sampling/slurm_pool.sh: `python -m corag.cluster.pool`) loads round r's sampler with
    `sampling_config`'s engine settings on one GPU and re-scores the earlier rounds' chains, then writes
    the pool as the local pool stage does. One engine scores every chain; the job is not sharded.
 3. train: the SFT recipe over `train_sbatch`'s nodes (recipes/slurm_train.sh with `accelerate` and
@@ -54,6 +54,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from corag.cluster.rounds import SCRIPTS, eval_job, pool_job, run_job, sample_job, train_job
+from corag.cluster.stop import StopRequest
 from corag.config import load_yaml
 from corag.data.jsonl import (
     JsonlAppender,
@@ -67,24 +69,12 @@ from corag.data.jsonl import (
 from corag.errors import InputError
 from corag.resources import CONFIGS, SFT_RECIPE
 from corag.sampling import SamplingConfig, iter_chain_scores, merge_shards, shard_path
-from corag.slurm import StopRequest
 from corag.types import Example
 
 INITS = ("base", "last")
 LAUNCHERS = ("local", "slurm")
-# The cluster path's launch scripts, submitted from the project folder as docs/cluster.md does.
-SCRIPTS = {
-    "sample": "sampling/slurm_array.sh",
-    "pool": "sampling/slurm_pool.sh",
-    "train": "recipes/slurm_train.sh",
-    "evaluate": "evaluation/slurm_eval.sh",
-}
 # Flags that say where and how big a job is, not what a round computes: they may change between runs.
 SBATCH_FIELDS = ("sbatch_args", "sample_sbatch", "pool_sbatch", "train_sbatch", "eval_sbatch")
-
-
-class JobFailed(RuntimeError):
-    """A stage's Slurm job ended without success; rerunning the same command resumes it."""
 
 
 @dataclass
@@ -486,84 +476,6 @@ def slurm_sampling(cfg: IterateConfig, sampling: SamplingConfig) -> tuple[Sampli
             field="num_shards",
         )
     return config, num_shards
-
-
-def sbatch(cfg: IterateConfig, stage: str, flags: str, args: Sequence[str]) -> list[str]:
-    """The sbatch command of a stage's job (`sbatch_args`, then the stage's `flags`); it returns when the
-    job has ended (--wait), with the job's exit status."""
-    return ["sbatch", "--wait", *shlex.split(cfg.sbatch_args), *shlex.split(flags), SCRIPTS[stage], *args]
-
-
-def retrieval_flags(cfg: IterateConfig) -> tuple[list[str], list[str]]:
-    """(the launcher's flags, the command's flags): an index folder is served on every node of the job
-    (--serve-index); a service URL is searched as it is (--retriever)."""
-    if "://" in cfg.retriever:
-        return [], ["--retriever", cfg.retriever]
-    return ["--serve-index", cfg.retriever], []
-
-
-def sample_job(cfg: IterateConfig, sampler: str, seed: int, shards: Path) -> list[str]:
-    """The round's sampling array: `sampling_config` with the round's sampler, seed and shard folder."""
-    serve, search = retrieval_flags(cfg)
-    limit = ["--limit", str(cfg.limit)] if cfg.limit is not None else []
-    sample = [
-        "--model",
-        sampler,
-        "--questions",
-        cfg.questions,
-        "--corpus",
-        cfg.corpus,
-        "--out_dir",
-        str(shards),
-    ]
-    return sbatch(
-        cfg,
-        "sample",
-        cfg.sample_sbatch,
-        [cfg.sampling_config, *serve, "--", *sample, "--seed", str(seed), *limit, *search],
-    )
-
-
-def pool_job(cfg: IterateConfig, files: dict[int, Path], sampler: str, pool: Path) -> list[str]:
-    """The round's pool job (python -m corag.commands.pool): the rounds' chain files as ROUND=FILE."""
-    limit = ["--limit", str(cfg.limit)] if cfg.limit is not None else []
-    args = [cfg.sampling_config, "--model", sampler, "--questions", cfg.questions, "--corpus", cfg.corpus]
-    return sbatch(
-        cfg,
-        "pool",
-        cfg.pool_sbatch,
-        [*args, *limit, "--out", str(pool), *(f"{k}={f}" for k, f in files.items())],
-    )
-
-
-def train_job(cfg: IterateConfig, start: str, pool: Path, model: Path, extra: Sequence[str]) -> list[str]:
-    """The round's SFT job: the recipe builds the pool's examples (into <model>-examples, not the
-    config's dataset) and trains `start` on them over the job's nodes."""
-    index = [] if "://" in cfg.retriever else ["--index", cfg.retriever]
-    args = ["sft", cfg.accelerate, cfg.sft_config, "--model_name_or_path", start, "--output_dir", str(model)]
-    args += ["--chains", str(pool), "--corpus", cfg.corpus, *index, "--dataset", "none", *extra]
-    return sbatch(cfg, "train", cfg.train_sbatch, args)
-
-
-def eval_job(cfg: IterateConfig, model: Path, out_root: Path) -> list[str]:
-    """The round's evaluation job: `eval_config` with the round's model and `methods` on `eval_data`."""
-    serve, search = retrieval_flags(cfg)
-    limit = ["--limit", str(cfg.eval_limit)] if cfg.eval_limit is not None else []
-    args = [cfg.eval_config, *serve, "--data", cfg.eval_data, "--out-root", str(out_root), "--"]
-    args += ["--model", str(model), "--corpus", cfg.corpus, *limit, *search, "--methods", *cfg.methods]
-    return sbatch(cfg, "evaluate", cfg.eval_sbatch, args)
-
-
-def run_job(command: list[str]) -> None:
-    """Submit a stage's job and wait for its end; JobFailed unless it completed."""
-    print(shlex.join(command), flush=True)
-    status = subprocess.run(command).returncode
-    if status != 0:
-        script = next(word for word in command if word in SCRIPTS.values())
-        raise JobFailed(
-            f"the job of {script} ended with status {status} (see its Slurm .out file and logs/); "
-            "run the same command again to resume it"
-        )
 
 
 def slurm_metrics(cfg: IterateConfig, out_root: Path) -> dict[str, Path]:

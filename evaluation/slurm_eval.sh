@@ -15,7 +15,7 @@
 # (`corag results OUT_ROOT`). A requeued or resubmitted job on as many GPUs skips the finished parts and
 # resumes the others.
 # At the time limit: Slurm warns the job 10 minutes before (--signal=B:USR1@600; another margin with sbatch
-# --signal=B:USR1@SECONDS, more than a question takes); the batch shell (python -m corag.commands.requeue)
+# --signal=B:USR1@SECONDS, more than a question takes); the batch shell (python -m corag.cluster.requeue)
 # passes the warning to srun, which passes it to every process of the nodes, and each part ends after the
 # question in hand, its answers whole lines, and starts no other file (exit status 75); a part between two
 # files, or still starting, reads the warning from the batch shell's file (CORAG_WARNED_FILE) and stops
@@ -25,7 +25,7 @@
 # that failed fails the job (not requeued, nothing merged), whatever the other parts did; resubmitting
 # resumes it.
 # --serve-index INDEX (the shipped layout) starts each node's own retrieval service first (its shards over
-# the node's GPUs, on loopback; python -m corag.commands.node_service), waits until it answers, and stops it
+# the node's GPUs, on loopback; python -m corag.cluster.node_service), waits until it answers, and stops it
 # at the end; the node's engines run beside it and search it. With --retriever-url-file instead (a service
 # on a node of its own, sampling/serve_retriever.sh) the job waits at run time (at most --wait-minutes) for
 # the URL file that sampling/serve_retriever.sh writes and for the service to answer, then passes
@@ -75,7 +75,7 @@ mkdir -p "$log_dir"
 job=${SLURM_JOB_ID:-$$}
 retriever=""
 if [[ -n "$url_file" ]]; then
-  retriever=$("$python" -m corag.commands.wait_service "$url_file" --wait-minutes "$wait_minutes")
+  retriever=$("$python" -m corag.cluster.wait_service "$url_file" --wait-minutes "$wait_minutes")
   echo "slurm_eval.sh: retrieval service at $retriever (from $url_file)" >&2
 fi
 # Engines a node: the GPUs of this (the first) node, gpus-per-run each; every node has as many.
@@ -115,10 +115,10 @@ node_task='set -euo pipefail
   if [[ -n "$CORAG_SERVE_INDEX" ]]; then  # this node'"'"'s retrieval service, for its engines only
     base="$CORAG_LOG_DIR/retriever-$CORAG_EVAL_JOB-node$node"
     rm -f "$base.url"
-    "$PYTHON" -m corag.commands.node_service "$CORAG_SERVE_INDEX" "$base.url" --log "$base.log" \
+    "$PYTHON" -m corag.cluster.node_service "$CORAG_SERVE_INDEX" "$base.url" --log "$base.log" \
       --wait-minutes "$CORAG_EVAL_WAIT_MINUTES" &
     service=$!
-    url=$("$PYTHON" -m corag.commands.wait_service "$base.url" --service-pid "$service" \
+    url=$("$PYTHON" -m corag.cluster.wait_service "$base.url" --service-pid "$service" \
       --wait-minutes "$CORAG_EVAL_WAIT_MINUTES")
     echo "slurm_eval.sh: node $node searches $url" >&2
     retriever=(--retriever "$url")
@@ -168,7 +168,7 @@ node_task='set -euo pipefail
   (( failed == 0 )) || exit 1
   (( stopped == 0 )) || exit 75'
 # The job: every node's parts, then, once every part finished, each file's merge and one table. The batch
-# shell (python -m corag.commands.requeue) passes Slurm's warning to this shell, which passes it to srun;
+# shell (python -m corag.cluster.requeue) passes Slurm's warning to this shell, which passes it to srun;
 # a part that stopped on it makes this shell exit 75, and the batch shell requeues the job.
 # Arguments: the node task, the files, --, the flags for corag evaluate.
 job_task='set -euo pipefail
@@ -212,4 +212,4 @@ job_task='set -euo pipefail
   fi
   "$PYTHON" -m corag.cli results "$CORAG_EVAL_OUT_ROOT"
   echo "slurm_eval.sh: results in $CORAG_EVAL_OUT_ROOT/ (one table: $CORAG_EVAL_OUT_ROOT/results.md)" >&2'
-exec "$python" -m corag.commands.requeue bash -c "$job_task" slurm-eval-job "$node_task" "${data[@]}" -- "$@"
+exec "$python" -m corag.cluster.requeue bash -c "$job_task" slurm-eval-job "$node_task" "${data[@]}" -- "$@"

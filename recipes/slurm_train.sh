@@ -10,7 +10,7 @@
 # The first argument picks the recipe (recipes/sft.py or recipes/grpo.py), the second
 # configs/accelerate/<zero3|fsdp|ddp>.yaml (or give a path); the rest go to the recipe. GRPO searches
 # while it trains: `--serve-index INDEX` starts a retrieval service on each node first (the index's fp16
-# shards over the node's GPUs, on loopback; python -m corag.commands.node_service, log in
+# shards over the node's GPUs, on loopback; python -m corag.cluster.node_service, log in
 # logs/retriever-<job>-node<i>.log), waits until it answers (up to CORAG_SERVICE_WAIT_MINUTES, default 30)
 # and gives the node's processes its URL as `--retriever`; the service stops with the task.
 # Submit from the folder the config's paths are relative to. Processes: the node's GPUs as Slurm gives
@@ -22,7 +22,7 @@
 # so that the data order and the steps already done stay what they were.
 # At the time limit: Slurm warns the batch shell 15 minutes before (--signal=B:USR1@900; another margin
 # with sbatch --signal=B:USR1@SECONDS, more than a step and a checkpoint take), which passes the warning
-# to every process of the nodes (python -m corag.commands.requeue, then srun); the training processes save
+# to every process of the nodes (python -m corag.cluster.requeue, then srun); the training processes save
 # a checkpoint after the step in hand and stop, and the job requeues itself (the same job id, logs
 # appended) and resumes from that checkpoint, at most CORAG_MAX_REQUEUES times (default 3), then fails in
 # one line.
@@ -85,14 +85,14 @@ echo "slurm_train.sh: $recipe on $nodes node(s) x $per_node process(es), rendezv
 # it), until every node has ended, and every node only connects to it (is_host=0: said outright, because
 # torch's guess, does the address name this machine?, can be yes on two nodes at once). Hosted by the first
 # node's launcher, it would end with that launcher, and a node leaving a moment later would fail its
-# rendezvous heartbeat and shutdown (seen on a real Slurm); python -m corag.commands.accelerate_join runs
+# rendezvous heartbeat and shutdown (seen on a real Slurm); python -m corag.cluster.accelerate_join runs
 # accelerate without its check that machine 0's port is free. On one node its launcher hosts the store.
 # Ranks follow the order the nodes join: rank 0 may log on any node. Within a task only the training
 # processes act on the warning signal (srun passes it to every process of the task): the rest ignore it.
 export CORAG_SERVE_INDEX=$serve_index CORAG_LOG_DIR=$log_dir
 python=${PYTHON:-python}
-if (( nodes > 1 )); then "$python" -m corag.commands.rendezvous_store "$port" $$ & fi
-exec "$python" -m corag.commands.requeue \
+if (( nodes > 1 )); then "$python" -m corag.cluster.rendezvous_store "$port" $$ & fi
+exec "$python" -m corag.cluster.requeue \
   srun --kill-on-bad-exit=1 --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --open-mode=append \
   --output="$log_dir/corag-$recipe-%j-node%t.log" \
   bash -c 'set -euo pipefail
@@ -101,17 +101,17 @@ exec "$python" -m corag.commands.requeue \
     if [[ -n "$CORAG_SERVE_INDEX" ]]; then  # this node'"'"'s retrieval service, for its processes only
       base="$CORAG_LOG_DIR/retriever-${SLURM_JOB_ID:-$$}-node$SLURM_PROCID"
       rm -f "$base.url"
-      "$python" -m corag.commands.node_service "$CORAG_SERVE_INDEX" "$base.url" --log "$base.log" \
+      "$python" -m corag.cluster.node_service "$CORAG_SERVE_INDEX" "$base.url" --log "$base.log" \
         --wait-minutes "${CORAG_SERVICE_WAIT_MINUTES:-30}" &
       service=$!
       trap '"'"'kill "$service" 2>/dev/null || true; wait "$service" 2>/dev/null || true'"'"' EXIT
-      url=$("$python" -m corag.commands.wait_service "$base.url" --service-pid "$service" \
+      url=$("$python" -m corag.cluster.wait_service "$base.url" --service-pid "$service" \
         --wait-minutes "${CORAG_SERVICE_WAIT_MINUTES:-30}")
       echo "slurm_train.sh: node $SLURM_PROCID searches $url" >&2
       retriever=(--retriever "$url")
     fi
     launch=("$0")  # several nodes: each joins the store of the batch shell
-    (( $2 == 1 )) || launch=("$python" -m corag.commands.accelerate_join "$0")
+    (( $2 == 1 )) || launch=("$python" -m corag.cluster.accelerate_join "$0")
     "${launch[@]}" launch --config_file "$1" --num_machines "$2" --num_processes "$3" \
       --machine_rank "$SLURM_PROCID" --main_process_ip "$4" --main_process_port "$5" --rdzv_backend c10d \
       --rdzv_conf "is_host=$(( $2 == 1 ))" "${@:6}" ${retriever[@]+"${retriever[@]}"}' \

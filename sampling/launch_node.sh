@@ -8,6 +8,6 @@
 # Shard names come from the config, not the hardware: resubmit anywhere and unfinished shards resume.
 # SIGUSR1 (Slurm's warning before a time limit) stops every running shard after the block in hand and
 # ends the launcher with status 75; running it again resumes them.
-# See `python -m corag.commands.launch --help`.
+# See `python -m corag.cluster.node --help`.
 set -euo pipefail
-exec "${PYTHON:-python}" -m corag.commands.launch "$@"
+exec "${PYTHON:-python}" -m corag.cluster.node "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A retrieval service on a node of its own (the alternative to the shipped layout, where each node's
 # launcher starts its own with --serve-index): serves INDEX to other nodes and writes its URL to URL_FILE
-# once it answers (python -m corag.commands.node_service --remote). Jobs take the FILE, not its text, and
+# once it answers (python -m corag.cluster.node_service --remote). Jobs take the FILE, not its text, and
 # wait for it at run time:
 # `sampling/slurm_array.sh ... --retriever-url-file URL_FILE`, `evaluation/slurm_eval.sh ...
 # --retriever-url-file URL_FILE` (reading it at submission, `$(cat URL_FILE)`, races the queue).
@@ -25,4 +25,4 @@ index=${1:?usage: serve_retriever.sh INDEX URL_FILE [serve-retriever flags]}
 url_file=${2:?usage: serve_retriever.sh INDEX URL_FILE [serve-retriever flags]}
 shift 2
 cd "${SLURM_SUBMIT_DIR:-.}"
-exec "${PYTHON:-python}" -m corag.commands.node_service "$index" "$url_file" --remote --port "${PORT:-8000}" -- "$@"
+exec "${PYTHON:-python}" -m corag.cluster.node_service "$index" "$url_file" --remote --port "${PORT:-8000}" -- "$@"

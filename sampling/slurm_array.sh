@@ -6,7 +6,7 @@
 #   sbatch --array=0-1 sampling/slurm_array.sh configs/sampling/llama3.1-8b.yaml \
 #       --serve-index data/index/e5-large-v2
 #
-# Launcher flags (python -m corag.commands.launch --help): --num-shards S (else the config's
+# Launcher flags (python -m corag.cluster.node --help): --num-shards S (else the config's
 # num_shards), --tensor-parallel-size T, and where retrieval comes from:
 #   --serve-index INDEX (the shipped configs' layout): each task first starts its node's retrieval
 #     service over INDEX (the index's shards over the node's GPUs), waits until it answers, then starts
@@ -23,7 +23,7 @@
 # submission folder (Slurm opens it before the script runs).
 # At the time limit: Slurm warns the task 10 minutes before (--signal=B:USR1@600; give another margin
 # with sbatch --signal=B:USR1@SECONDS, more than a block of questions takes); its shards finish the block
-# in hand and stop, and the task requeues itself (python -m corag.commands.requeue; the same task id,
+# in hand and stop, and the task requeues itself (python -m corag.cluster.requeue; the same task id,
 # logs appended) and resumes them, at most CORAG_MAX_REQUEUES times (default 3), then fails in one line.
 # Resubmitting the same array also resumes every shard where it stopped; then merge:
 #   corag merge --questions <questions> --out chains.jsonl <out_dir>/chains-*.jsonl
@@ -55,5 +55,5 @@ cd "${SLURM_SUBMIT_DIR:-.}"
 export CORAG_LOG_DIR=${CORAG_LOG_DIR:-logs}
 mkdir -p "$CORAG_LOG_DIR"
 python=${PYTHON:-python}
-exec "$python" -m corag.commands.requeue "$python" -m corag.commands.launch "$config" --node-index "$node" \
+exec "$python" -m corag.cluster.requeue "$python" -m corag.cluster.node "$config" --node-index "$node" \
   --num-nodes "$count" --log-dir "$CORAG_LOG_DIR" ${own[@]+"${own[@]}"} -- "$@"

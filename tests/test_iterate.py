@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import corag.cluster.rounds
 import corag.iterate
 from corag.cli import main as cli
 from corag.data.corpus import Corpus
@@ -226,7 +227,7 @@ def slurm_flags(flags, toy_world, tmp_path, monkeypatch) -> list[str]:
     """The local flags under `launcher: slurm`, run from a project folder holding the launch scripts; the
     sampling settings live in the sampling config, round 0 is the gold chains of the 4 questions."""
     monkeypatch.chdir(tmp_path)
-    for script in corag.iterate.SCRIPTS.values():
+    for script in corag.cluster.rounds.SCRIPTS.values():
         Path(script).parent.mkdir(parents=True, exist_ok=True)
         Path(script).write_text("#!/usr/bin/env bash\n")
     Path("sampling.yaml").write_text(SLURM_SAMPLING)
@@ -257,10 +258,10 @@ class FakeSbatch:
         self.fail = fail
 
     def __call__(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
-        from corag.commands.pool import main as pool
+        from corag.cluster.pool import main as pool
 
         self.commands.append(command)
-        script = next(w for w in command if w in corag.iterate.SCRIPTS.values())
+        script = next(w for w in command if w in corag.cluster.rounds.SCRIPTS.values())
         args = command[command.index(script) + 1 :]
         value = dict(zip(args, [*args[1:], ""], strict=True))
         if script == self.fail:
@@ -288,10 +289,10 @@ def test_the_slurm_launcher_submits_each_stage_as_the_cluster_path_and_resumes(
     slurm_flags, tiny_model_dir, toy_dir, monkeypatch, capsys
 ):
     sbatch = FakeSbatch()
-    monkeypatch.setattr(corag.iterate.subprocess, "run", sbatch)
+    monkeypatch.setattr(corag.cluster.rounds.subprocess, "run", sbatch)
     assert cli(["iterate", *slurm_flags]) == 0
     sample, pool, train, evaluate = sbatch.commands
-    for command, script in zip(sbatch.commands, corag.iterate.SCRIPTS.values(), strict=True):
+    for command, script in zip(sbatch.commands, corag.cluster.rounds.SCRIPTS.values(), strict=True):
         assert command[:3] == ["sbatch", "--wait", "--partition=gpu"] and script in command
     # the array: its flags, the sampling config with the index served on each node, the round's sampler
     # and seed (the sampling config's, round 1)
@@ -316,7 +317,7 @@ def test_the_slurm_launcher_submits_each_stage_as_the_cluster_path_and_resumes(
     kept = read_jsonl(Path("rounds/round1/pool.jsonl"))
     assert [r["round"] for r in kept] == [0, 0, 0, 0] and all(r["score"] > -100 for r in kept)
     # SFT over 2 nodes from the model, on the pool's examples (not the SFT config's dataset)
-    assert train[3:7] == ["--nodes=2", corag.iterate.SCRIPTS["train"], "sft", "ddp"]
+    assert train[3:7] == ["--nodes=2", corag.cluster.rounds.SCRIPTS["train"], "sft", "ddp"]
     assert train[train.index("--chains") + 1] == "rounds/round1/pool.jsonl"
     assert train[train.index("--dataset") + 1] == "none" and train[-2:] == ["--bf16", "false"]
     # evaluation of the round's model with the round's methods; the table reads its metrics
@@ -331,15 +332,18 @@ def test_the_slurm_launcher_submits_each_stage_as_the_cluster_path_and_resumes(
 
 
 def test_a_failed_job_ends_the_run_in_one_line_and_the_rerun_resumes_it(slurm_flags, monkeypatch, capsys):
-    sbatch = FakeSbatch(fail=corag.iterate.SCRIPTS["train"])
-    monkeypatch.setattr(corag.iterate.subprocess, "run", sbatch)
+    sbatch = FakeSbatch(fail=corag.cluster.rounds.SCRIPTS["train"])
+    monkeypatch.setattr(corag.cluster.rounds.subprocess, "run", sbatch)
     assert cli(["iterate", *slurm_flags]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("corag iterate: the job of recipes/slurm_train.sh ended with status 1")
     sbatch.fail = None
     assert cli(["iterate", *slurm_flags]) == 0
-    scripts = [next(w for w in c if w in corag.iterate.SCRIPTS.values()) for c in sbatch.commands]
-    assert scripts == [*list(corag.iterate.SCRIPTS.values())[:3], *list(corag.iterate.SCRIPTS.values())[2:]]
+    scripts = [next(w for w in c if w in corag.cluster.rounds.SCRIPTS.values()) for c in sbatch.commands]
+    assert scripts == [
+        *list(corag.cluster.rounds.SCRIPTS.values())[:3],
+        *list(corag.cluster.rounds.SCRIPTS.values())[2:],
+    ]
 
 
 @pytest.mark.parametrize(
@@ -353,14 +357,14 @@ def test_a_failed_job_ends_the_run_in_one_line_and_the_rerun_resumes_it(slurm_fl
     ],
 )
 def test_bad_slurm_settings_are_one_line(slurm_flags, monkeypatch, capsys, extra, field):
-    monkeypatch.setattr(corag.iterate.subprocess, "run", FakeSbatch())
+    monkeypatch.setattr(corag.cluster.rounds.subprocess, "run", FakeSbatch())
     assert cli(["iterate", *slurm_flags, *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("corag iterate: error:") and f"field '{field}'" in err[-1]
 
 
 def test_the_slurm_launcher_runs_from_the_project_folder(slurm_flags, capsys):
-    Path(corag.iterate.SCRIPTS["pool"]).unlink()
+    Path(corag.cluster.rounds.SCRIPTS["pool"]).unlink()
     assert cli(["iterate", *slurm_flags]) == 2
     assert (
         "sampling/slurm_pool.sh, field 'launcher': launcher slurm runs the launch scripts"

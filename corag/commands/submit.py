@@ -20,23 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from corag.cluster.submit import check, header_options, node_groups, parse_request
 from corag.errors import InputError
-from corag.slurm import SINFO, check, header_options, parse_request, parse_sinfo
 
 USAGE = __doc__.split("\n\n")[1]
-
-
-def node_groups() -> tuple[list, str | None]:
-    """The cluster's node groups and default partition, from sinfo (SINFO)."""
-    try:
-        done = subprocess.run(SINFO, capture_output=True, text=True, check=False)
-    except FileNotFoundError:
-        raise InputError(
-            "no sinfo here: run corag submit where Slurm's commands are (a login node)"
-        ) from None
-    if done.returncode:
-        raise InputError(f"sinfo failed: {(done.stderr.strip().splitlines() or ['no message'])[0]}")
-    return parse_sinfo(done.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:

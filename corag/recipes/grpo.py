@@ -210,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("resuming from %s", checkpoint)
 
     # 2. The questions with their gold answers, the corpus and the retriever the chains search.
-    from corag.commands.common import check_unique_ids
     from corag.data.corpus import Corpus
     from corag.data.formats import load_examples
+    from corag.options import check_unique_ids
     from corag.retrieval import check_corpus, load_retriever
 
     try:

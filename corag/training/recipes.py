@@ -23,8 +23,8 @@ from urllib.parse import urlparse
 import torch
 from transformers import TrainerCallback
 
+from corag.cluster.stop import STOPPED, StopRequest, stopped
 from corag.errors import InputError
-from corag.slurm import STOPPED, StopRequest, stopped
 
 logger = logging.getLogger("corag.training")
 
@@ -120,7 +120,7 @@ def attention_implementation(requested: str | None) -> str | None:
 
 
 class StopOnWarning(TrainerCallback):
-    """On Slurm's warning before the time limit (SIGUSR1, corag.slurm): save a checkpoint at the end of the
+    """On Slurm's warning before the time limit (SIGUSR1, corag.cluster.stop): save a checkpoint at the end of the
     step in hand and stop training; `stopped` then says so. The processes decide together (the flag is
     reduced over them after every step), so none waits in a collective that another has left."""
 

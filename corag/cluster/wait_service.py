@@ -1,6 +1,6 @@
 """Wait for a retrieval service job's URL file and print the URL (for launchers written in shell).
 
-    python -m corag.commands.wait_service URL_FILE [--wait-minutes 30] [--service-pid PID]
+    python -m corag.cluster.wait_service URL_FILE [--wait-minutes 30] [--service-pid PID]
 
 The URL is printed on stdout once the file exists and the service answers GET /health; after
 `--wait-minutes` without one, a one-line error naming the file and exit status 2.

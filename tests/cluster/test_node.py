@@ -40,7 +40,7 @@ if "--out-dir" in argv:
 def given(flag):
     return flag in argv and "--shard" in argv and argv[argv.index(flag) + 1] == argv[argv.index("--shard") + 1]
 if given("--stop-part"):
-    sys.exit(75)  # stopped on Slurm's warning (corag.slurm.STOPPED)
+    sys.exit(75)  # stopped on Slurm's warning (corag.cluster.stop.STOPPED)
 if given("--fail-part"):
     sys.exit(3)
 sys.exit(3 if "--fail" in sys.argv else 0)
@@ -268,7 +268,7 @@ def test_serve_retriever_script_writes_its_url(cluster, toy_world):
 
 
 def test_every_shipped_sampling_config_is_launchable():
-    from corag.commands.launch import LaunchArgs, check_config
+    from corag.cluster.node import LaunchArgs, check_config
 
     configs = sorted((ROOT / "configs" / "sampling").glob("*.yaml"))
     assert {p.name for p in configs} >= {"llama3.1-8b.yaml", "qwen3-8b.yaml", "toy.yaml"}

@@ -16,7 +16,7 @@ SLURM_STEP_GPUS / SLURM_JOB_GPUS (renumbered from 0 where the job sees only its 
 GPU `nvidia-smi` lists; none at all runs one engine on the CPU. Each engine gets its devices as CUDA_VISIBLE_DEVICES, a subset of what the allocation gave.
 
 With `--serve-index INDEX` (the shipped configs' layout), the launcher first starts this node's
-retrieval service over INDEX (corag.commands.node_service: the index's shards over the node's GPUs, on
+retrieval service over INDEX (corag.cluster.node_service: the index's shards over the node's GPUs, on
 loopback), waits until it answers, gives every shard `--retriever URL`, and stops it when the shards end;
 its log is `<log-dir>/retriever-<job>-node<I>.log`. The engines start after it, into the memory it leaves.
 Shard logs are `<log-dir>/sample-<job>-shard-<S>.log`; <job> is the Slurm job (ARRAY_TASK for an array
@@ -24,7 +24,7 @@ task; left out of the names outside Slurm), and a requeued job appends to its ow
 
 On SIGUSR1 (Slurm's warning before the time limit, passed on by the batch shell) every running shard
 finishes the block in hand and stops, no further shard starts, and the launcher exits with status 75
-(corag.slurm.stopped): the batch shell requeues the job and the rerun resumes every unfinished shard.
+(corag.cluster.stop.stopped): the batch shell requeues the job and the rerun resumes every unfinished shard.
 
 With `--retriever-url-file` (a service on a node of its own), the launcher first waits (at most `--wait-minutes`) for the file a
 retrieval service job writes (sampling/serve_retriever.sh) and for that service to answer, then gives
@@ -43,11 +43,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corag.commands.node_service import node_service
+from corag.cluster.node_service import node_service
+from corag.cluster.stop import STOPPED, WARNING_SIGNAL, job_tag, stopped
 from corag.config import load_yaml, parse_config
 from corag.errors import InputError
 from corag.retrieval.client import wait_for_service
-from corag.slurm import STOPPED, WARNING_SIGNAL, job_tag, stopped
 
 
 def visible_devices(env: Mapping[str, str]) -> list[str] | None:
@@ -211,7 +211,7 @@ class Shards:
 
 
 def log_name(stem: str, what: str, env: Mapping[str, str]) -> str:
-    """`stem-<job>-what.log`, the job as corag.slurm.job_tag names it; `stem-what.log` outside Slurm."""
+    """`stem-<job>-what.log`, the job as corag.cluster.stop.job_tag names it; `stem-what.log` outside Slurm."""
     tag = job_tag(env)
     return f"{stem}-{tag}-{what}.log" if tag else f"{stem}-{what}.log"
 

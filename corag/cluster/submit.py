@@ -1,30 +1,13 @@
 """Whether a Slurm job can ever start: what a batch script's #SBATCH lines and sbatch's flags ask of a
 node, against the nodes `sinfo` lists. sbatch accepts a job that asks more CPUs, memory or GPUs a node
-than any node of its partition has, and the job then waits for good (Reason=PartitionConfig).
-
-And jobs that outlive their time limit (the end of this module). Slurm sends SIGUSR1 some minutes before a
-job's limit (`#SBATCH --signal=B:USR1@SECONDS`). A long program (a sampling shard, an evaluation, a
-training process) installs `StopRequest`, finishes the unit of work in hand (a block of questions, a
-question, an optimizer step), saves it, and returns `stopped(...)`: exit status 75 and, where the job's
-batch shell asks for it (CORAG_REQUEUE_FILE, set by `python -m corag.commands.requeue`), a mark file on
-the shared file system that says the same where a launcher does not pass the status on (torchelastic
-reports a worker's non-zero status as a failure). The batch shell then requeues the job, and the rerun
-resumes from what was saved. The batch shell also leaves a warning file (CORAG_WARNED_FILE) the moment the
-warning comes: a program that started too late to be sent the signal (the next file of an evaluation
-part, one whose handler was not yet installed) reads the warning from it."""
+than any node of its partition has, and the job then waits for good (Reason=PartitionConfig)."""
 
 from __future__ import annotations
 
 import math
-import os
 import re
-import signal
-import socket
-import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from corag.errors import InputError
 
@@ -274,68 +257,12 @@ def check(request: Request, groups: list[NodeGroup], default: str | None) -> str
     raise errors[0]
 
 
-# Jobs that outlive their time limit -------------------------------------------------------------------
-
-STOPPED = 75  # the exit status of a program stopped early on the warning signal (EX_TEMPFAIL: run it again)
-WARNING_SIGNAL = signal.SIGUSR1
-MARK_ENV = "CORAG_REQUEUE_FILE"
-WARNED_ENV = "CORAG_WARNED_FILE"
-
-
-class StopRequest:
-    """Set once the warning signal arrives, or once the batch shell's warning file exists (CORAG_WARNED_FILE:
-    the signal is lost on a program that starts after it came, or before its handler is installed); the
-    program stops at its next safe point."""
-
-    def __init__(self) -> None:
-        self._received = False
-        self.warned_file = os.environ.get(WARNED_ENV)
-
-    @property
-    def received(self) -> bool:
-        if not self._received and self.warned_file and os.path.exists(self.warned_file):
-            self._received = True
-        return self._received
-
-    @received.setter
-    def received(self, value: bool) -> None:
-        self._received = value
-
-    def install(self) -> StopRequest:
-        """Catch the warning signal from now on (also where the launcher left it ignored)."""
-        signal.signal(WARNING_SIGNAL, self._receive)
-        return self
-
-    def _receive(self, signum: int, frame: object) -> None:
-        self.received = True
-
-
-@contextmanager
-def warning_held() -> Iterator[None]:
-    """Hold the warning signal back in this thread while the block runs (one that comes is taken after
-    it): processes started meanwhile, such as an inference engine's, inherit it blocked and never act on
-    it, where srun passes it to every process of a task."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {WARNING_SIGNAL})
+def node_groups() -> tuple[list[NodeGroup], str | None]:
+    """The cluster's node groups and default partition, from sinfo (SINFO)."""
     try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def stopped(what: str) -> int:
-    """Say that this program stopped early on the warning signal, `what` having been saved: one line on
-    stderr, the mark file written when the batch shell asked for one; the exit status to end with."""
-    print(f"stopped on the warning signal after {what}; run again to go on", file=sys.stderr)
-    mark = os.environ.get(MARK_ENV)
-    if mark:
-        Path(mark).parent.mkdir(parents=True, exist_ok=True)
-        Path(mark).write_text(f"{socket.gethostname()} {os.getpid()}\n")
-    return STOPPED
-
-
-def job_tag(env: Mapping[str, str]) -> str | None:
-    """The Slurm job this runs in, as logs name it and scontrol takes it: ARRAY_TASK for an array task,
-    else the job id; None outside Slurm."""
-    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    return env.get("SLURM_JOB_ID")
+        done = subprocess.run(SINFO, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise InputError("no sinfo here: run corag where Slurm's commands are (a login node)") from None
+    if done.returncode:
+        raise InputError(f"sinfo failed: {(done.stderr.strip().splitlines() or ['no message'])[0]}")
+    return parse_sinfo(done.stdout)

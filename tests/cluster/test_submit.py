@@ -1,19 +1,16 @@
-"""corag.slurm: what a job asks of a node, from a script's #SBATCH lines and sbatch's flags, against the
+"""corag.cluster.submit: what a job asks of a node, from a script's #SBATCH lines and sbatch's flags, against the
 nodes sinfo lists (canned here); a job no node can ever run is one line naming the option."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from corag.cluster.submit import check, header_options, parse_gres, parse_request, parse_sinfo
 from corag.errors import InputError
-from corag.slurm import StopRequest, check, header_options, parse_gres, parse_request, parse_sinfo
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # `sinfo -h -e -o '%P %D %c %m %G'` on the one-machine Slurm of DESIGN.md (nodes of 2 CPUs and 8000 MB)
 SMALL = "debug* 2 2 8000 gpu:8\n"
@@ -109,52 +106,3 @@ def test_nodes_partitions_and_together():
     message = refusal(mixed, [], ["--cpus-per-task=64", "--gpus-per-node=8"])
     assert message == "no node of partition 'mixed' has 8 GPU(s) and 64 CPU(s) together; ask less of one"
     assert "no default partition" in refusal("a 1 2 8000 (null)\n", [])
-
-
-# A program that catches the warning and starts a child (as an engine starts its processes) while holding
-# it back: then both are sent it, as srun sends it to every process of a task. Prints whether the program
-# had it inside the block, whether it had it after, and the child's status (None: still running).
-HOLDER = """
-import contextlib, os, signal, subprocess, sys, time
-from corag.slurm import StopRequest, warning_held
-stop = StopRequest().install()
-held = sys.argv[1] == "held"
-with warning_held() if held else contextlib.nullcontext():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    time.sleep(0.5)
-    os.kill(os.getpid(), signal.SIGUSR1)
-    child.send_signal(signal.SIGUSR1)
-    for _ in range(50):
-        if child.poll() is not None:
-            break
-        time.sleep(0.02)
-    inside = stop.received
-after = stop.received
-print(inside, after, child.poll())
-child.kill()
-"""
-
-
-@pytest.mark.parametrize("how", ["held", "not held"])
-def test_processes_started_while_the_warning_is_held_never_act_on_it(how):
-    done = subprocess.run(
-        [sys.executable, "-c", HOLDER, how], capture_output=True, text=True, timeout=60, cwd=REPO
-    )
-    assert done.returncode == 0, done.stderr
-    inside, after, child = done.stdout.split()
-    assert after == "True"  # the program takes the warning, after the block when held back
-    if how == "held":
-        assert (inside, child) == ("False", "None")  # the child lives on
-    else:
-        assert (inside, child) == ("True", str(-signal.SIGUSR1))  # the child dies of it
-
-
-def test_a_stop_request_reads_the_warning_file_once_it_exists(tmp_path, monkeypatch):
-    warned = tmp_path / "warned-7"
-    monkeypatch.setenv("CORAG_WARNED_FILE", str(warned))
-    stop = StopRequest()
-    assert not stop.received
-    warned.write_text("warned\n")
-    assert stop.received
-    warned.unlink()
-    assert stop.received  # once warned, warned for good

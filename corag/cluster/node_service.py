@@ -1,6 +1,6 @@
 """A retrieval service for a job's engines: started, waited for, published in a URL file, stopped.
 
-    python -m corag.commands.node_service INDEX URL_FILE [--remote] [--port P] [--wait-minutes 30]
+    python -m corag.cluster.node_service INDEX URL_FILE [--remote] [--port P] [--wait-minutes 30]
                                           [--log FILE] [-- flags for corag serve-retriever]
 
 It runs `corag serve-retriever INDEX` (a dense index's fp16 shards over every GPU this process sees, or
