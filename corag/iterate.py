@@ -21,8 +21,10 @@ Every stage of every round runs once: a rerun of the same folder resumes at the 
 `rounds.md` and `rounds.json` table the rounds.
 
 `launcher: local` (the default) runs every stage here, in this process or a child. `launcher: slurm` runs
-each stage as the cluster path does (docs/cluster.md), one `sbatch --wait` job after another from this
-driver process (on the login node, or a small job of its own), from the project folder:
+each stage as the cluster path does (docs/cluster.md), one job after another from this driver process (on
+the login node under tmux, or a small job of its own), from the project folder; every stage's request is
+checked against the partition's nodes before round 1, and each job's id is recorded in the run folder, so
+that a rerun waits for a job still running instead of submitting it again (corag.cluster.rounds):
 1. sample: the sampling array (sampling/slurm_array.sh with `sampling_config`, each node serving the index
    `retriever` names, or searching the service URL it names), its shards then merged here into the
    round's chains; the sampling settings are `sampling_config`'s, its seed + r - 1 in round r.
@@ -54,7 +56,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from corag.cluster.rounds import SCRIPTS, eval_job, pool_job, run_job, sample_job, train_job
+from corag.cluster.rounds import check_requests, eval_job, pool_job, run_job, sample_job, train_job
 from corag.cluster.stop import StopRequest
 from corag.config import load_yaml
 from corag.data.jsonl import (
@@ -187,7 +189,7 @@ class IterateConfig:
         parse_runs(self.methods)
 
     def check_slurm(self) -> None:
-        """The stage configs exist, the sampling flags hold an array, and the launch scripts are here."""
+        """The stage configs exist and the sampling flags hold an array."""
         for name in ("sampling_config", "eval_config"):
             path = getattr(self, name)
             if not path or not Path(path).is_file():
@@ -201,13 +203,6 @@ class IterateConfig:
             raise InputError(
                 f"give the array, e.g. --array=0-1, got {self.sample_sbatch!r}", field="sample_sbatch"
             )
-        for script in SCRIPTS.values():
-            if not Path(script).is_file():
-                raise InputError(
-                    f"launcher slurm runs the launch scripts from the project folder; not found from {Path.cwd()}",
-                    file=script,
-                    field="launcher",
-                )
 
 
 def stage(name: str, done: Path | Sequence[Path], timings: dict[str, float], fn: Callable[[], Any]) -> None:
@@ -361,8 +356,10 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
     slurm = cfg.launcher == "slurm"
     if slurm:
         sampling, num_shards = slurm_sampling(cfg, sampling)
+        check_requests(cfg)  # every stage's job, before round 1 submits any
     out = Path(cfg.out_dir)
-    check_output(out, "--out_dir", marks=("iterate.json",))
+    jobs = out / "jobs.json"  # each stage's Slurm job id: a rerun waits for one still running
+    check_output(out, "--out_dir", marks=("iterate.json", "jobs.json"))
     questions = load_examples(cfg.questions)[: cfg.limit]
     held_out = [] if slurm else load_examples(cfg.eval_data)[: cfg.eval_limit]
     corpus = Corpus.load(cfg.corpus)
@@ -391,9 +388,18 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
         config = replace(sampling, seed=sampling.seed + r - 1)
         if slurm:
             job = sample_job(cfg, sampler, config.seed, folder / "shards")
-            sample = partial(sample_and_merge, job, folder / "shards", num_shards, questions, chains)
-            make_pool = partial(run_job, pool_job(cfg, files, sampler, pool))
-            train = partial(run_job, train_job(cfg, start, pool, model, extra))
+            sample = partial(
+                sample_and_merge,
+                job,
+                jobs,
+                f"round{r}/sample",
+                folder / "shards",
+                num_shards,
+                questions,
+                chains,
+            )
+            make_pool = partial(run_job, pool_job(cfg, files, sampler, pool), jobs, f"round{r}/pool")
+            train = partial(run_job, train_job(cfg, start, pool, model, extra), jobs, f"round{r}/train")
         else:
             sample = partial(sample_here, questions, corpus, sampler, retriever, config, chains)
             make_pool = partial(
@@ -418,7 +424,7 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
         }
         if slurm:
             metrics = slurm_metrics(cfg, folder / "eval")
-            evaluate = partial(run_job, eval_job(cfg, model, folder / "eval"))
+            evaluate = partial(run_job, eval_job(cfg, model, folder / "eval"), jobs, f"round{r}/evaluate")
             stage(f"round {r}: evaluate", list(metrics.values()), timings, evaluate)
             for name, path in metrics.items():
                 row.update(metrics_row(name, json.loads(path.read_text())))
@@ -447,10 +453,16 @@ def sample_here(
 
 
 def sample_and_merge(
-    command: list[str], shards: Path, num_shards: int, questions: Sequence[Example], chains: Path
+    command: list[str],
+    jobs: Path,
+    key: str,
+    shards: Path,
+    num_shards: int,
+    questions: Sequence[Example],
+    chains: Path,
 ) -> None:
     """The round's sampling array, then its shards merged into the round's chains (every question once)."""
-    run_job(command)
+    run_job(command, jobs, key)
     merge_shards([shard_path(shards, s, num_shards) for s in range(num_shards)], questions, chains)
 
 

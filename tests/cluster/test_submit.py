@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corag.cluster.submit import check, header_options, parse_gres, parse_request, parse_sinfo
+from corag.cluster.submit import check, header_options, parse_gres, parse_request, parse_sinfo, parse_time
 from corag.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,8 +68,10 @@ def test_what_no_node_has_is_refused_naming_the_option():
     assert message.startswith(
         "#SBATCH --cpus-per-task=64 asks 64 CPU(s) a node, and no node of partition 'debug'"
     )
-    assert message.endswith("has more than 2, so it could never start; ask at most 2 CPU(s)")
-    # the command line wins over the script's lines; memory is next
+    # every option no node meets, in one line: the CPUs and the memory
+    assert "has more than 2, so it could never start; ask at most 2 CPU(s); and #SBATCH --mem=512G" in message
+    assert message.endswith("has more than 8000, so it could never start; ask at most 8000 MB of memory")
+    # the command line wins over the script's lines
     message = refusal(SMALL, OLD_TRAIN_HEADER, ["--cpus-per-task", "2"])
     assert (
         message.startswith("#SBATCH --mem=512G asks 524288 MB of memory a node")
@@ -106,3 +108,42 @@ def test_nodes_partitions_and_together():
     message = refusal(mixed, [], ["--cpus-per-task=64", "--gpus-per-node=8"])
     assert message == "no node of partition 'mixed' has 8 GPU(s) and 64 CPU(s) together; ask less of one"
     assert "no default partition" in refusal("a 1 2 8000 (null)\n", [])
+
+
+# `sinfo -h -e -o '%P %D %c %m %G %l %t'` of the one-machine Slurm with a 1 h partition, a drained node
+TIMED = "debug* 1 2 8000 gpu:8 1:00:00 idle\ndebug* 1 2 8000 gpu:8 1:00:00 drain\nlong 1 2 8000 gpu:8 infinite down*\n"
+
+
+def test_time_over_the_partitions_limit_is_named_with_the_rest():
+    groups, _ = parse_sinfo(TIMED)
+    assert [g.max_time for g in groups] == [3600, 3600, None] and [g.usable for g in groups] == [
+        True,
+        False,
+        False,
+    ]
+    assert fits(TIMED, [], ["--time=59:00"]) == "debug"
+    message = refusal(TIMED, ["--time=24:00:00"], ["--mem=9G"])
+    assert message == (
+        "--mem=9G asks 9216 MB of memory a node, and no node of partition 'debug' has more than 8000, so it "
+        "could never start; ask at most 8000 MB of memory; and #SBATCH --time=24:00:00 asks 24 h, over "
+        "partition 'debug''s time limit of 1 h, so it would wait for good (PartitionTimeLimit); ask at most 1 h"
+    )
+    assert parse_time("2-12") == 2.5 * 86400 and parse_time("90") == 5400
+
+
+def test_a_time_limit_within_the_warning_margin_is_refused():
+    header = ["--signal=B:USR1@900", "--time=48:00:00"]
+    assert fits(SMALL, header, ["--time=16:00"]) == "debug"
+    assert refusal(SMALL, header, ["--time=10:00"]) == (
+        "--time=10:00 (10 min) is not longer than the warning margin of #SBATCH --signal=B:USR1@900 (15 min): "
+        "every run would be warned at once and stop; ask more time, or a smaller margin with "
+        "--signal=B:USR1@SECONDS"
+    )
+    assert fits(SMALL, header, ["--time=10:00", "--signal=B:USR1@300"]) == "debug"
+
+
+def test_drained_and_down_nodes_count_for_nothing():
+    assert "-N 2 asks 2 nodes of 1 CPU(s), and partition 'debug' has 1" in refusal(TIMED, [], ["-N", "2"])
+    assert refusal(TIMED, [], ["-p", "long"]) == (
+        "every node of partition 'long' is out of service (down*); no job starts there"
+    )
