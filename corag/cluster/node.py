@@ -149,6 +149,17 @@ def srun(env: Mapping[str, str], nodes: int, *options: str) -> list[str]:
     return ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", *cpus, *options]
 
 
+def end(proc: subprocess.Popen, wait_s: float = 60) -> None:
+    """Stop a child: SIGTERM, then SIGKILL after `wait_s`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def log_name(stem: str, what: str, env: Mapping[str, str]) -> str:
     """`stem-<job>-what.log`, the job as corag.cluster.stop.job_tag names it; `stem-what.log` outside Slurm."""
     tag = job_tag(env)
@@ -210,13 +221,7 @@ def node_service(
             time.sleep(0.5)
         yield url
     finally:
-        if service.poll() is None:
-            service.terminate()
-            try:
-                service.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                service.kill()
-                service.wait()
+        end(service)
         if out:
             out.close()
 
@@ -713,12 +718,7 @@ def watch_nodes(children: Children, proc: subprocess.Popen, log_dir: Path, job: 
                 f"watchdog: node(s) {alive} still running {grace:g} s after node(s) {sorted(ended)} ended "
                 "training: ending them (a process left alive at exit)"
             )
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            end(proc)
             codes = {int(code) for code in ended.values() if code.lstrip("-").isdigit()}
             return max(codes, default=1)
         time.sleep(1)
