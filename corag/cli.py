@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "corag.commands.plan:main",
         "memory plan of a stage's config on some GPUs (refuses what cannot fit)",
     ),
+    "smoke": (
+        "corag.commands.smoke:main",
+        "every stage small on this node with your configs, measured against the plan (smoke.json, smoke.md)",
+    ),
     "predict": ("corag.commands.predict:main", "run a decoding strategy over a dataset"),
     "sample": ("corag.commands.sample:main", "rejection-sample chains (also sampling/sample.py)"),
     "merge": ("corag.commands.merge:main", "merge sampling shards, checking ids"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.merge:
             out = merge_dense(corpus, out)
         else:
+            started = time.perf_counter()
             out = build_dense(
                 corpus, out, encoder, args.chunk_size, args.dtype, args.overwrite, args.shard, args.num_shards
             )
+            print(f"encoding took {time.perf_counter() - started:.1f} s (encoder loaded before)")
             if args.num_shards > 1:
                 return 0
         print(f"dense index of {len(corpus)} passages written to {out}")
