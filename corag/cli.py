@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "models": (
         "corag.commands.models:main",
-        "convert the packaged SmolLM2-135M-Instruct into a checkpoint folder",
+        "the packaged SmolLM2-135M-Instruct as a checkpoint; fetch the configs' models into the cache",
     ),
     "index": ("corag.commands.index:main", "dense (encoded, sharded or imported) or BM25 index of a corpus"),
     "serve-retriever": ("corag.commands.serve_retriever:main", "serve an index over HTTP for many workers"),
