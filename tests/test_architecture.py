@@ -47,6 +47,7 @@ LAYERS = [
         "corag.models",
         "corag.plan",
         "corag.slurm",
+        "corag.smoke",
     ],
     ["corag.toy"],
     ["corag.commands", "corag.cli", "corag.recipes"],

@@ -81,7 +81,7 @@ class PlanArgs:
     calibrate: str | None = field(
         default=None,
         metadata={"help": "smoke.json of a `corag smoke` that ran this config: its measured rates replace "
-        "the assumed ones in the wall time, and a stage whose memory passed its plan by >10% is named"},
+        "the assumed ones in the wall time, and a stage whose memory passed its plan by more than a tenth is named"},
     )  # fmt: skip
     data: list[str] | None = field(
         default=None,

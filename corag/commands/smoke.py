@@ -68,8 +68,8 @@ SMALL = {
     "index_model": "minilm",
 }
 # Each stage's share of --minutes (on two 8-GPU nodes, an hour).
-SHARES = {"data": 0.04, "encode": 0.08, "serve": 0.06, "sample": 0.14, "merge": 0.02, "examples": 0.05,
-          "sft": 0.15, "sft-resume": 0.08, "grpo": 0.18, "evaluate": 0.12, "search-r1": 0.08}  # fmt: skip
+SHARES = {"weights": 0.04, "data": 0.03, "encode": 0.08, "serve": 0.06, "sample": 0.14, "merge": 0.02, "examples": 0.05,
+          "sft": 0.15, "sft-resume": 0.08, "grpo": 0.15, "evaluate": 0.12, "search-r1": 0.08}  # fmt: skip
 STAGE_NAMES = tuple(SHARES)
 
 
@@ -110,8 +110,8 @@ class SmokeConfig:
     overwrite: bool = field(default=False, metadata={"help": "start the smoke's folder afresh"})
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_config(SmokeConfig, argv, __doc__.splitlines()[0])
+def resolve(args: SmokeConfig) -> SmokeConfig:
+    """The defaults --small changes: the toy world's configs and model, and fewer questions and steps."""
     defaults = SMALL if args.small else FULL
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -125,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         args.model = args.model or str(WARM)
         args.questions, args.eval_questions = min(args.questions, 8), min(args.eval_questions, 4)
         args.search_r1_questions, args.sft_steps = min(args.search_r1_questions, 2), min(args.sft_steps, 2)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = resolve(parse_config(SmokeConfig, argv, __doc__.splitlines()[0]))
     unknown = sorted(set(args.stages or []) - set(STAGE_NAMES))
     if unknown:
         raise InputError(
@@ -180,12 +185,40 @@ class Smoke:
             if getattr(args, key) is not None:
                 load_yaml(getattr(args, key))  # a config the smoke cannot read: refused now, one line
         self.port = _free_port()
-        self.notes: dict[str, str] = {}
+        # models whose weights are not here (no folder, not in the cache): random ones from their config
+        self.random: dict[str, str] = {}
+        self.lora_sft = False
+        if hw.gpus:
+            names = [self._configured(s) for s in ("sample", "sft", "evaluate")] + [args.sft_model or ""]
+            names.append(self.search_r1_model())
+            for name in dict.fromkeys(n for n in names if n and not weights_here(n)):
+                self.random[name] = self.path("models", name.replace("/", "--"))
+                model_shape(name)  # a model of unknown size cannot be initialised: refused now, one line
 
-    def model(self, stage: str) -> str:
-        """The stage's model: --model, else its config's."""
+    def _configured(self, stage: str) -> str:
         key = "model_name_or_path" if stage in ("sft", "grpo") else "model"
         return self.args.model or str(self.values[stage].get(key))
+
+    def model(self, stage: str) -> str:
+        """The stage's model: --model, else its config's; random weights of its shape when not here."""
+        name = self._configured(stage)
+        return self.random.get(name, name)
+
+    def search_r1_model(self) -> str:
+        """The Search-R1 stage's model: --model, else its config's (a Search-R1 checkpoint)."""
+        config = self.args.search_r1_config or self.args.eval_config
+        return self.args.model or str(load_yaml(config).get("model"))
+
+    def _weights_stage(self) -> Stage:
+        """Random weights from each missing model's config (the plan's shape), with a toy tokenizer."""
+
+        def build() -> None:
+            for name, folder in self.random.items():
+                if not (Path(folder) / "config.json").is_file():
+                    random_checkpoint(name, Path(folder))
+
+        note = f"random weights of {', '.join(self.random)}: not here" if self.random else "every model here"
+        return Stage("weights", func=build, note=note)
 
     # paths of the smoke's folder
     def path(self, *parts: str) -> str:
@@ -199,6 +232,7 @@ class Smoke:
         engine = self._engine_flags()
         sampling = [*(["--backend", "hf", "--executor", "stepped"] if engine else [])]
         stages = [
+            self._weights_stage(),
             self._data_stage(corpus, questions, heldout),
             Stage("encode", [Command(["index", corpus, "--out", self.path("index"), "--model", a.index_model])],
                   needs=("data",), measure=encoded_rate(out / "index", out / "logs" / "encode.log")),
@@ -208,7 +242,7 @@ class Smoke:
                                       "--questions", questions, "--corpus", corpus, "--retriever", url,
                                       "--out_dir", self.path("chains"), "--num_shards", "1", "--shard", "0",
                                       "--block_size", "16", *sampling])],
-                  needs=("serve",), measure=sampled_rate(out / "chains" / "chains-*.jsonl", out / "logs" /
+                  needs=("weights", "serve"), measure=sampled_rate(out / "chains" / "chains-*.jsonl", out / "logs" /
                                                           "sample.log", 1), note=engine),
             Stage("merge", [Command(["merge", "--questions", questions, "--out", self.path("chains.jsonl"),
                                      self.path("chains", "chains-00000-of-00001.jsonl")])], needs=("sample",)),
@@ -277,17 +311,36 @@ class Smoke:
             return max(sum(i.size for i in items) for items in plan.gpus), None
         return sum(i.size for items in plan.host.values() for i in items), None
 
+    def _variant(self, stage: str, values: dict[str, Any]) -> tuple[list[str], str, float | None, str | None]:
+        """(flags, note, planned memory, reason to skip) of a training stage: as configured where its plan
+        fits the smoke's GPUs, else with LoRA (rank 16 on every linear layer, merged at the end) where that
+        fits, else skipped with the plan's reason."""
+        planned, reason = self._plan(stage, values)
+        if reason is None or not self.hw.gpus or values.get("use_peft"):
+            return [], "", planned, reason
+        lora = {"use_peft": True, "lora_r": 16, "lora_target_modules": "all-linear"}
+        lora_planned, lora_reason = self._plan(stage, {**values, **lora})
+        if lora_reason is not None:
+            return [], "", planned, reason
+        flags = [
+            "--use_peft",
+            "true",
+            "--lora_r",
+            "16",
+            "--lora_alpha",
+            "32",
+            "--lora_target_modules",
+            "all-linear",
+        ]
+        flags += ["--merge_lora", "true"] if stage == "sft" else []
+        return flags, f"LoRA r=16: full fine-tuning does not fit {self.hw.gpus} GPU(s)", lora_planned, None
+
     def _sft_stages(self) -> list[Stage]:
         a = self.args
-        values = {**self.values["sft"], "model_name_or_path": a.sft_model or self.model("sft")}
-        flags, note = [], ""
-        planned, reason = self._plan("sft", values)
-        if reason and self.hw.gpus and not values.get("use_peft"):
-            lora = {"use_peft": True, "lora_r": 16, "lora_target_modules": "all-linear"}
-            planned, lora_reason = self._plan("sft", {**values, **lora})
-            if lora_reason is None:
-                flags, note, reason = ["--use_peft", "true", "--lora_r", "16", "--lora_target_modules",
-                                       "all-linear"], "LoRA r=16: full fine-tuning does not fit", None  # fmt: skip
+        start = self.random.get(a.sft_model, a.sft_model) if a.sft_model else self.model("sft")
+        values = {**self.values["sft"], "model_name_or_path": start}
+        flags, note, planned, reason = self._variant("sft", values)
+        self.lora_sft = bool(flags)
         gpus = max(self.hw.gpus, 1)
         base = ["train", "sft", "--config", a.sft_config, "--model_name_or_path", values["model_name_or_path"],
                 "--dataset", self.path("examples"), "--output_dir", self.path("sft"), "--save_strategy", "steps",
@@ -299,7 +352,7 @@ class Smoke:
         flops = per_token * _params(values["model_name_or_path"])
         measure = trained_rate(self.out / "sft", gpus, flops, peak[1] if peak and flops else None)
         return [
-            Stage("sft", [Command([*base, "--max_steps", str(a.sft_steps)])], needs=("examples",),
+            Stage("sft", [Command([*base, "--max_steps", str(a.sft_steps)])], needs=("weights", "examples"),
                   measure=measure, planned=planned, skip=reason, note=note),
             Stage("sft-resume", [Command([*base, "--max_steps", str(a.sft_steps + 1)])], needs=("sft",),
                   measure=resumed(self.out / "sft", a.sft_steps + 1), planned=planned, skip=reason, note=note),
@@ -307,15 +360,18 @@ class Smoke:
 
     def _grpo_stage(self, questions: str, corpus: str, url: str) -> Stage:
         a = self.args
-        values = {**self.values["grpo"], "model_name_or_path": self.path("sft")}
+        start = self.path("sft", "merged") if self.lora_sft else self.path("sft")
+        values = {**self.values["grpo"], "model_name_or_path": self.model("sft")}  # the SFT model's shape
         flags, notes = [], []
         if values.get("use_vllm") and not self.vllm:
             flags += ["--use_vllm", "false"]
             values["use_vllm"] = False
             notes.append("transformers rollouts: vLLM not installed")
-        planned, reason = self._plan("grpo", {**values, "model_name_or_path": self.model("grpo")})
+        lora, note, planned, reason = self._variant("grpo", values)
+        flags += lora
+        notes += [note] if note else []
         gpus = max(self.hw.gpus, 1)
-        args = ["train", "grpo", "--config", a.grpo_config, "--model_name_or_path", self.path("sft"),
+        args = ["train", "grpo", "--config", a.grpo_config, "--model_name_or_path", start,
                 "--questions", questions, "--corpus", corpus, "--retriever", url, "--output_dir", self.path("grpo"),
                 "--max_steps", str(a.grpo_steps), "--save_strategy", "steps", "--save_steps", str(a.grpo_steps),
                 "--logging_steps", "1", "--report_to", "none", "--eval_questions", "none",
@@ -333,7 +389,7 @@ class Smoke:
         commands = [Command([*common, "--shard", str(s)]) for s in range(a.eval_parts)]
         commands.append(Command([*common, "--merge"]))
         planned, reason = self._plan("evaluate", {**self.values["evaluate"], "model": self.model("evaluate")})
-        return Stage("evaluate", commands, needs=("serve",), planned=planned, skip=reason,
+        return Stage("evaluate", commands, needs=("weights", "serve"), planned=planned, skip=reason,
                      measure=evaluated_rate(self.out / "eval"), note=self._engine_flags())  # fmt: skip
 
     def _search_r1_stage(self, heldout: str, corpus: str, url: str) -> Stage:
@@ -342,10 +398,11 @@ class Smoke:
         methods = (
             [] if a.search_r1_config else ["--methods", "search-r1:max_turns=2" if a.small else "search-r1"]
         )
-        args = ["evaluate", "--config", config, "--model", self.args.model or str(load_yaml(config).get("model")),
+        model = self.search_r1_model()
+        args = ["evaluate", "--config", config, "--model", self.random.get(model, model),
                 "--data", heldout, "--limit", str(a.search_r1_questions), "--corpus", corpus, "--retriever", url,
                 "--out-dir", self.path("search-r1"), "--rules", "search-r1", *methods, *self._backend("evaluate")]  # fmt: skip
-        return Stage("search-r1", [Command(args)], needs=("serve",), measure=evaluated_rate(self.out / "search-r1"),
+        return Stage("search-r1", [Command(args)], needs=("weights", "serve"), measure=evaluated_rate(self.out / "search-r1"),
                      note=self._engine_flags())  # fmt: skip
 
     def _backend(self, stage: str) -> list[str]:
@@ -388,6 +445,49 @@ def resumed(output_dir: Path, step: int):
         return {"global_step": float(json.loads(state.read_text())["global_step"])}
 
     return measure
+
+
+def weights_here(name: str) -> bool:
+    """A checkpoint folder here, or a hub name whose config is in the Hugging Face cache."""
+    if Path(name).expanduser().exists():
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:
+        return False
+
+
+def random_checkpoint(name: str, folder: Path) -> Path:
+    """A checkpoint of `name`'s architecture (the plan's shape of it: Llama, or Qwen3 with its norms) with
+    random weights, bf16 on a GPU, and a tokenizer trained on a toy world (vocabulary ids stay below the
+    model's): throughput and memory as the real model's, not its answers."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    from corag.data.jsonl import atomic_folder
+    from corag.toy.tinymodel import train_tokenizer
+    from corag.toy.world import generate_world, tokenizer_texts
+
+    shape = model_shape(name)
+    tokenizer = train_tokenizer(tokenizer_texts(generate_world(seed=0, num_entities=160, num_distractors=40)))
+    kind = Qwen3Config if shape.name.startswith("Qwen3") else LlamaConfig
+    config = kind(
+        vocab_size=max(shape.vocab, max(tokenizer.get_vocab().values()) + 1), hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, tie_word_embeddings=shape.tied,
+        max_position_embeddings=shape.context, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )  # fmt: skip
+    gpu = torch.cuda.is_available()
+    torch.manual_seed(0)
+    with torch.device("cuda" if gpu else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if gpu else torch.float32)
+    with atomic_folder(folder) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return folder
 
 
 def _params(model: str) -> int:

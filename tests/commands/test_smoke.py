@@ -84,3 +84,55 @@ def test_bad_input_is_one_line_and_nothing_is_written(tmp_path: Path, capsys) ->
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err and err.startswith("corag smoke: error:"), (flags, err)
         assert not out.exists()
+
+
+def test_one_gpu_runs_the_variants_that_fit_it(tmp_path: Path) -> None:
+    """`--gpus 1` with the 8B configs on an 80 GB GPU, here without vLLM and without the weights: random
+    weights from each model's config, the transformers backend, LoRA where full fine-tuning does not fit."""
+    from corag.commands.smoke import Smoke, SmokeConfig, resolve
+    from corag.plan import Hardware, card_memory
+
+    args = resolve(SmokeConfig(out_dir=str(tmp_path / "smoke"), gpus=1, minutes=10))
+    stages = {s.name: s for s in Smoke(args, Hardware(1, 1, card_memory("80GB"))).stages()}
+    assert list(stages) == list(STAGE_NAMES)
+    assert stages["weights"].note == (
+        "random weights of meta-llama/Llama-3.1-8B-Instruct, corag/CoRAG-Llama3.1-8B-MultihopQA: not here"
+    )
+    sample = stages["sample"].commands[0].args
+    assert sample[sample.index("--model") + 1] == str(
+        tmp_path / "smoke" / "models" / "meta-llama--Llama-3.1-8B-Instruct"
+    )
+    assert sample[sample.index("--backend") + 1] == "hf" and stages["sample"].note.startswith(
+        "transformers backend"
+    )
+    sft = stages["sft"]
+    assert sft.skip is None and sft.note == "LoRA r=16: full fine-tuning does not fit 1 GPU(s)"
+    assert {"--use_peft", "--merge_lora"} <= set(sft.commands[0].args) and sft.planned < card_memory("80GB")
+    grpo = stages["grpo"]
+    assert "transformers rollouts: vLLM not installed" in grpo.note and "--use_peft" in grpo.commands[0].args
+    assert (
+        grpo.commands[0].args[grpo.commands[0].args.index("--model_name_or_path") + 1].endswith("sft/merged")
+    )
+    # each stage's share of the ten minutes
+    assert sum(s.share for s in stages.values()) == pytest.approx(1.0)
+
+
+def test_random_weights_take_the_shape_the_plan_knows(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from corag.commands.smoke import random_checkpoint
+    from corag.plan import model_shape
+
+    folder = random_checkpoint("toy", tmp_path / "toy")
+    shape = model_shape("toy")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    c = model.config
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+            c.intermediate_size) == (shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.head_dim,
+                                     shape.intermediate)  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Rira?"}], add_generation_prompt=True, return_dict=True
+    )["input_ids"]
+    assert max(ids) < c.vocab_size and model.generate(
+        __import__("torch").tensor([ids]), max_new_tokens=2).shape[1] == len(ids) + 2  # fmt: skip
