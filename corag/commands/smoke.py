@@ -36,6 +36,7 @@ from corag.data.jsonl import check_output
 from corag.errors import InputError
 from corag.plan import Hardware, gpu_peak, model_shape, plan_stage, visible_gpu_memory
 from corag.resources import CONFIGS
+from corag.retrieval.dense import resolve_model
 from corag.smoke import (
     Command,
     Stage,
@@ -194,6 +195,14 @@ class Smoke:
             for name in dict.fromkeys(n for n in names if n and not weights_here(n)):
                 self.random[name] = self.path("models", name.replace("/", "--"))
                 model_shape(name)  # a model of unknown size cannot be initialised: refused now, one line
+            encoder = resolve_model(args.index_model)[0]
+            if not weights_here(encoder):
+                if encoder not in ENCODERS:
+                    raise InputError(
+                        "not here, and of no known shape to initialise", file=encoder, field="--index_model"
+                    )
+                self.random[encoder] = self.path("models", Path(encoder).name)  # e5-*: E5's prefixes kept
+                args.index_model = self.random[encoder]
 
     def _configured(self, stage: str) -> str:
         key = "model_name_or_path" if stage in ("sft", "grpo") else "model"
@@ -215,7 +224,7 @@ class Smoke:
         def build() -> None:
             for name, folder in self.random.items():
                 if not (Path(folder) / "config.json").is_file():
-                    random_checkpoint(name, Path(folder))
+                    (random_encoder if name in ENCODERS else random_checkpoint)(name, Path(folder))
 
         note = f"random weights of {', '.join(self.random)}: not here" if self.random else "every model here"
         return Stage("weights", func=build, note=note)
@@ -486,6 +495,32 @@ def random_checkpoint(name: str, folder: Path) -> Path:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if gpu else torch.float32)
     with atomic_folder(folder) as tmp:
         model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return folder
+
+
+# The E5 encoders' shapes (config.json on the hub): hidden size, layers, heads, MLP width (BERT, 30,522 tokens).
+ENCODERS = {"intfloat/e5-large-v2": (1024, 24, 16, 4096), "intfloat/e5-base-v2": (768, 12, 12, 3072)}
+
+
+def random_encoder(name: str, folder: Path) -> Path:
+    """An encoder of `name`'s shape with random weights and a toy tokenizer (sentence-transformers mean-pools
+    a plain BERT folder): passages a second as the real encoder's."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from corag.data.jsonl import atomic_folder
+    from corag.toy.tinymodel import train_tokenizer
+    from corag.toy.world import generate_world, tokenizer_texts
+
+    hidden, layers, heads, mlp = ENCODERS[name]
+    tokenizer = train_tokenizer(tokenizer_texts(generate_world(seed=0, num_entities=160, num_distractors=40)))
+    config = BertConfig(vocab_size=max(30522, max(tokenizer.get_vocab().values()) + 1), hidden_size=hidden,
+                        num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=mlp,
+                        pad_token_id=tokenizer.pad_token_id or 0)  # fmt: skip
+    torch.manual_seed(0)
+    with atomic_folder(folder) as tmp:
+        BertModel(config).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return folder
 

@@ -96,8 +96,11 @@ def test_one_gpu_runs_the_variants_that_fit_it(tmp_path: Path) -> None:
     stages = {s.name: s for s in Smoke(args, Hardware(1, 1, card_memory("80GB"))).stages()}
     assert list(stages) == list(STAGE_NAMES)
     assert stages["weights"].note == (
-        "random weights of meta-llama/Llama-3.1-8B-Instruct, corag/CoRAG-Llama3.1-8B-MultihopQA: not here"
+        "random weights of meta-llama/Llama-3.1-8B-Instruct, corag/CoRAG-Llama3.1-8B-MultihopQA, "
+        "intfloat/e5-large-v2: not here"
     )
+    encode = stages["encode"].commands[0].args
+    assert encode[encode.index("--model") + 1] == str(tmp_path / "smoke" / "models" / "e5-large-v2")
     sample = stages["sample"].commands[0].args
     assert sample[sample.index("--model") + 1] == str(
         tmp_path / "smoke" / "models" / "meta-llama--Llama-3.1-8B-Instruct"
