@@ -100,3 +100,32 @@ def test_encoding_time_is_in_the_plan_of_the_service(tmp_path: Path, capsys) -> 
     assert "encoding the index: 35,700,000 passages" in out
     _, out, _ = plan(capsys, "--config", str(config), "--nodes", "2")
     assert "wall time: 0.3 h on 2 node(s)" in out
+
+
+def test_a_stage_over_its_time_limit_or_failing_is_one_line_and_its_dependents_are_skipped(
+    tmp_path: Path,
+) -> None:
+    import sys
+
+    from corag.smoke import Command, Stage, run_smoke
+
+    def python(code: str) -> Command:
+        return Command([sys.executable, "-c", code], corag=False)
+
+    stages = [
+        Stage("slow", [python("import time; time.sleep(60)")], share=0.1),
+        Stage("after-slow", [python("pass")], needs=("slow",)),
+        Stage("broken", [python("import sys; print('working'); print('error: no such model', file=sys.stderr); sys.exit(3)")]),
+        Stage("fine", [python("print('done')")]),
+    ]  # fmt: skip
+    lines: list[str] = []
+    results = {r.name: r for r in run_smoke(stages, tmp_path, minutes=0.2, echo=lines.append)}
+    assert results["slow"].status == "failed" and results["slow"].reason.startswith("over its time limit of")
+    assert results["slow"].seconds < 30  # ended at its limit, not after the minute it asked for
+    assert (results["after-slow"].status, results["after-slow"].reason) == ("skipped", "needs slow")
+    assert results["broken"].reason == "exit status 3: error: no such model"
+    assert results["fine"].status == "ok"
+    assert (
+        f"broken: failed (exit status 3: error: no such model); log {tmp_path / 'logs' / 'broken.log'}"
+        in lines
+    )
