@@ -37,6 +37,9 @@ PROBE_PROGRAM = (
     "from corag.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 SMOKE_VERSION = 1
+# The least time a stage gets while that much is left: starting Python, torch and a model takes about a
+# minute on a busy CPU, whatever the stage's share.
+MIN_STAGE_S = 120.0
 
 
 def probe(path: str) -> None:
@@ -262,7 +265,11 @@ def stop_process(process: subprocess.Popen) -> None:
 
 
 def run_smoke(
-    stages: list[Stage], out: Path, minutes: float, echo: Callable[[str], None] = print
+    stages: list[Stage],
+    out: Path,
+    minutes: float,
+    echo: Callable[[str], None] = print,
+    min_stage_s: float = MIN_STAGE_S,
 ) -> list[StageResult]:
     """Run the stages in order within `minutes`, each within its share of the time left; a stage whose
     needs did not run ok is skipped, naming them. Background processes (the service) end with the smoke."""
@@ -280,10 +287,18 @@ def run_smoke(
                 result = StageResult(
                     stage.name, "skipped", f"needs {', '.join(missing)}", planned=stage.planned
                 )
-            else:  # its share of the time left: a stage that ends early leaves its time to the others
-                left = (end - time.perf_counter()) * stage.share / sum(s.share for s in stages[i:])
-                echo(f"== {stage.name} (at most {left:.0f} s)")
-                result = run_stage(stage, out, left, background)
+            else:  # its share of the time left, at least min_stage_s of it; an early end leaves time to the rest
+                remaining = end - time.perf_counter()
+                left = max(
+                    remaining * stage.share / sum(s.share for s in stages[i:]), min(min_stage_s, remaining)
+                )
+                if left < 1:
+                    result = StageResult(
+                        stage.name, "failed", f"no time left of the smoke's {minutes:g} minutes"
+                    )
+                else:
+                    echo(f"== {stage.name} (at most {left:.0f} s)")
+                    result = run_stage(stage, out, left, background)
             results[stage.name] = result
             echo(f"{stage.name}: {result.status}" + (f" ({result.reason})" if result.reason else "")
                  + (f"; log {result.log}" if result.status == "failed" else ""))  # fmt: skip
