@@ -48,8 +48,9 @@ def check_model_source(name: str, field: str) -> None:
         except OSError:
             why = f"{endpoint.hostname} cannot be reached"
     raise InputError(
-        f"no such folder, not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and {why}: give a checkpoint "
-        f"folder, or run `corag models fetch CONFIG` on a login node with internet first{gated_hint(name)}",
+        f"no such folder, not in the Hugging Face cache, and {why}: give a checkpoint folder, or fill the cache "
+        f"({constants.HF_HUB_CACHE}) with `corag models fetch CONFIG` on a login node with internet first"
+        f"{gated_hint(name)}",
         file=name,
         field=field,
     )
