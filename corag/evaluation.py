@@ -29,6 +29,7 @@ from typing import Any
 from tqdm import tqdm
 
 from corag.chain import DecodeResult
+from corag.cluster.stop import StopRequest
 from corag.data.jsonl import JsonlAppender, atomic_write, input_file, iter_jsonl, recover_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.executor import EXECUTORS
@@ -45,7 +46,6 @@ from corag.metrics import (
     reciprocal_rank_fusion,
 )
 from corag.scaling import plot_scaling, write_table
-from corag.slurm import StopRequest
 from corag.tasks import RULES, get_task, task_description
 from corag.types import Example
 

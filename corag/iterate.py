@@ -21,12 +21,14 @@ Every stage of every round runs once: a rerun of the same folder resumes at the 
 `rounds.md` and `rounds.json` table the rounds.
 
 `launcher: local` (the default) runs every stage here, in this process or a child. `launcher: slurm` runs
-each stage as the cluster path does (docs/cluster.md), one `sbatch --wait` job after another from this
-driver process (on the login node, or a small job of its own), from the project folder:
+each stage as the cluster path does (docs/cluster.md), one job after another from this driver process (on
+the login node under tmux, or a small job of its own), from the project folder; every stage's request is
+checked against the partition's nodes before round 1, and each job's id is recorded in the run folder, so
+that a rerun waits for a job still running instead of submitting it again (corag.cluster.rounds):
 1. sample: the sampling array (sampling/slurm_array.sh with `sampling_config`, each node serving the index
    `retriever` names, or searching the service URL it names), its shards then merged here into the
    round's chains; the sampling settings are `sampling_config`'s, its seed + r - 1 in round r.
-2. pool: one job (sampling/slurm_pool.sh: `python -m corag.commands.pool`) loads round r's sampler with
+2. pool: one job (sampling/slurm_pool.sh: `python -m corag.cluster.pool`) loads round r's sampler with
    `sampling_config`'s engine settings on one GPU and re-scores the earlier rounds' chains, then writes
    the pool as the local pool stage does. One engine scores every chain; the job is not sharded.
 3. train: the SFT recipe over `train_sbatch`'s nodes (recipes/slurm_train.sh with `accelerate` and
@@ -54,6 +56,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from corag.cluster.rounds import check_requests, eval_job, pool_job, run_job, sample_job, train_job
+from corag.cluster.stop import StopRequest
 from corag.config import load_yaml
 from corag.data.jsonl import (
     JsonlAppender,
@@ -67,24 +71,12 @@ from corag.data.jsonl import (
 from corag.errors import InputError
 from corag.resources import CONFIGS, SFT_RECIPE
 from corag.sampling import SamplingConfig, iter_chain_scores, merge_shards, shard_path
-from corag.slurm import StopRequest
 from corag.types import Example
 
 INITS = ("base", "last")
 LAUNCHERS = ("local", "slurm")
-# The cluster path's launch scripts, submitted from the project folder as docs/cluster.md does.
-SCRIPTS = {
-    "sample": "sampling/slurm_array.sh",
-    "pool": "sampling/slurm_pool.sh",
-    "train": "recipes/slurm_train.sh",
-    "evaluate": "evaluation/slurm_eval.sh",
-}
 # Flags that say where and how big a job is, not what a round computes: they may change between runs.
 SBATCH_FIELDS = ("sbatch_args", "sample_sbatch", "pool_sbatch", "train_sbatch", "eval_sbatch")
-
-
-class JobFailed(RuntimeError):
-    """A stage's Slurm job ended without success; rerunning the same command resumes it."""
 
 
 @dataclass
@@ -197,7 +189,7 @@ class IterateConfig:
         parse_runs(self.methods)
 
     def check_slurm(self) -> None:
-        """The stage configs exist, the sampling flags hold an array, and the launch scripts are here."""
+        """The stage configs exist and the sampling flags hold an array."""
         for name in ("sampling_config", "eval_config"):
             path = getattr(self, name)
             if not path or not Path(path).is_file():
@@ -211,13 +203,6 @@ class IterateConfig:
             raise InputError(
                 f"give the array, e.g. --array=0-1, got {self.sample_sbatch!r}", field="sample_sbatch"
             )
-        for script in SCRIPTS.values():
-            if not Path(script).is_file():
-                raise InputError(
-                    f"launcher slurm runs the launch scripts from the project folder; not found from {Path.cwd()}",
-                    file=script,
-                    field="launcher",
-                )
 
 
 def stage(name: str, done: Path | Sequence[Path], timings: dict[str, float], fn: Callable[[], Any]) -> None:
@@ -371,8 +356,10 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
     slurm = cfg.launcher == "slurm"
     if slurm:
         sampling, num_shards = slurm_sampling(cfg, sampling)
+        check_requests(cfg)  # every stage's job, before round 1 submits any
     out = Path(cfg.out_dir)
-    check_output(out, "--out_dir", marks=("iterate.json",))
+    jobs = out / "jobs.json"  # each stage's Slurm job id: a rerun waits for one still running
+    check_output(out, "--out_dir", marks=("iterate.json", "jobs.json"))
     questions = load_examples(cfg.questions)[: cfg.limit]
     held_out = [] if slurm else load_examples(cfg.eval_data)[: cfg.eval_limit]
     corpus = Corpus.load(cfg.corpus)
@@ -401,9 +388,18 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
         config = replace(sampling, seed=sampling.seed + r - 1)
         if slurm:
             job = sample_job(cfg, sampler, config.seed, folder / "shards")
-            sample = partial(sample_and_merge, job, folder / "shards", num_shards, questions, chains)
-            make_pool = partial(run_job, pool_job(cfg, files, sampler, pool))
-            train = partial(run_job, train_job(cfg, start, pool, model, extra))
+            sample = partial(
+                sample_and_merge,
+                job,
+                jobs,
+                f"round{r}/sample",
+                folder / "shards",
+                num_shards,
+                questions,
+                chains,
+            )
+            make_pool = partial(run_job, pool_job(cfg, files, sampler, pool), jobs, f"round{r}/pool")
+            train = partial(run_job, train_job(cfg, start, pool, model, extra), jobs, f"round{r}/train")
         else:
             sample = partial(sample_here, questions, corpus, sampler, retriever, config, chains)
             make_pool = partial(
@@ -428,7 +424,7 @@ def iterate(cfg: IterateConfig, sampling: SamplingConfig) -> list[dict[str, Any]
         }
         if slurm:
             metrics = slurm_metrics(cfg, folder / "eval")
-            evaluate = partial(run_job, eval_job(cfg, model, folder / "eval"))
+            evaluate = partial(run_job, eval_job(cfg, model, folder / "eval"), jobs, f"round{r}/evaluate")
             stage(f"round {r}: evaluate", list(metrics.values()), timings, evaluate)
             for name, path in metrics.items():
                 row.update(metrics_row(name, json.loads(path.read_text())))
@@ -457,10 +453,16 @@ def sample_here(
 
 
 def sample_and_merge(
-    command: list[str], shards: Path, num_shards: int, questions: Sequence[Example], chains: Path
+    command: list[str],
+    jobs: Path,
+    key: str,
+    shards: Path,
+    num_shards: int,
+    questions: Sequence[Example],
+    chains: Path,
 ) -> None:
     """The round's sampling array, then its shards merged into the round's chains (every question once)."""
-    run_job(command)
+    run_job(command, jobs, key)
     merge_shards([shard_path(shards, s, num_shards) for s in range(num_shards)], questions, chains)
 
 
@@ -486,84 +488,6 @@ def slurm_sampling(cfg: IterateConfig, sampling: SamplingConfig) -> tuple[Sampli
             field="num_shards",
         )
     return config, num_shards
-
-
-def sbatch(cfg: IterateConfig, stage: str, flags: str, args: Sequence[str]) -> list[str]:
-    """The sbatch command of a stage's job (`sbatch_args`, then the stage's `flags`); it returns when the
-    job has ended (--wait), with the job's exit status."""
-    return ["sbatch", "--wait", *shlex.split(cfg.sbatch_args), *shlex.split(flags), SCRIPTS[stage], *args]
-
-
-def retrieval_flags(cfg: IterateConfig) -> tuple[list[str], list[str]]:
-    """(the launcher's flags, the command's flags): an index folder is served on every node of the job
-    (--serve-index); a service URL is searched as it is (--retriever)."""
-    if "://" in cfg.retriever:
-        return [], ["--retriever", cfg.retriever]
-    return ["--serve-index", cfg.retriever], []
-
-
-def sample_job(cfg: IterateConfig, sampler: str, seed: int, shards: Path) -> list[str]:
-    """The round's sampling array: `sampling_config` with the round's sampler, seed and shard folder."""
-    serve, search = retrieval_flags(cfg)
-    limit = ["--limit", str(cfg.limit)] if cfg.limit is not None else []
-    sample = [
-        "--model",
-        sampler,
-        "--questions",
-        cfg.questions,
-        "--corpus",
-        cfg.corpus,
-        "--out_dir",
-        str(shards),
-    ]
-    return sbatch(
-        cfg,
-        "sample",
-        cfg.sample_sbatch,
-        [cfg.sampling_config, *serve, "--", *sample, "--seed", str(seed), *limit, *search],
-    )
-
-
-def pool_job(cfg: IterateConfig, files: dict[int, Path], sampler: str, pool: Path) -> list[str]:
-    """The round's pool job (python -m corag.commands.pool): the rounds' chain files as ROUND=FILE."""
-    limit = ["--limit", str(cfg.limit)] if cfg.limit is not None else []
-    args = [cfg.sampling_config, "--model", sampler, "--questions", cfg.questions, "--corpus", cfg.corpus]
-    return sbatch(
-        cfg,
-        "pool",
-        cfg.pool_sbatch,
-        [*args, *limit, "--out", str(pool), *(f"{k}={f}" for k, f in files.items())],
-    )
-
-
-def train_job(cfg: IterateConfig, start: str, pool: Path, model: Path, extra: Sequence[str]) -> list[str]:
-    """The round's SFT job: the recipe builds the pool's examples (into <model>-examples, not the
-    config's dataset) and trains `start` on them over the job's nodes."""
-    index = [] if "://" in cfg.retriever else ["--index", cfg.retriever]
-    args = ["sft", cfg.accelerate, cfg.sft_config, "--model_name_or_path", start, "--output_dir", str(model)]
-    args += ["--chains", str(pool), "--corpus", cfg.corpus, *index, "--dataset", "none", *extra]
-    return sbatch(cfg, "train", cfg.train_sbatch, args)
-
-
-def eval_job(cfg: IterateConfig, model: Path, out_root: Path) -> list[str]:
-    """The round's evaluation job: `eval_config` with the round's model and `methods` on `eval_data`."""
-    serve, search = retrieval_flags(cfg)
-    limit = ["--limit", str(cfg.eval_limit)] if cfg.eval_limit is not None else []
-    args = [cfg.eval_config, *serve, "--data", cfg.eval_data, "--out-root", str(out_root), "--"]
-    args += ["--model", str(model), "--corpus", cfg.corpus, *limit, *search, "--methods", *cfg.methods]
-    return sbatch(cfg, "evaluate", cfg.eval_sbatch, args)
-
-
-def run_job(command: list[str]) -> None:
-    """Submit a stage's job and wait for its end; JobFailed unless it completed."""
-    print(shlex.join(command), flush=True)
-    status = subprocess.run(command).returncode
-    if status != 0:
-        script = next(word for word in command if word in SCRIPTS.values())
-        raise JobFailed(
-            f"the job of {script} ended with status {status} (see its Slurm .out file and logs/); "
-            "run the same command again to resume it"
-        )
 
 
 def slurm_metrics(cfg: IterateConfig, out_root: Path) -> dict[str, Path]:

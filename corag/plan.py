@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corag.cluster.submit import parse_time
 from corag.errors import InputError
+from corag.resources import stage_script
 from corag.retrieval.base import parse_devices
 
 GB = 1e9
@@ -845,13 +847,6 @@ KNOWN_QUESTIONS = {
 # answer and each step's sub-query and sub-answer at `ratio` 0.2, with chains of 3 steps on average
 # (lengths drawn from 1..5; early stops not counted).
 MEAN_CHAIN_STEPS = 3
-# The job's time limit of each stage's launch script (its #SBATCH --time).
-LAUNCHERS = {
-    "sample": "sampling/slurm_array.sh",
-    "evaluate": "evaluation/slurm_eval.sh",
-    "sft": "recipes/slurm_train.sh",
-    "grpo": "recipes/slurm_train.sh",
-}
 
 
 @dataclass
@@ -885,30 +880,15 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def parse_time(text: str) -> float:
-    """Seconds in a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
-    m = re.fullmatch(r"\s*(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\s*", text)
-    if not m:
-        raise InputError(
-            f"expected a Slurm time such as 12:00:00 or 1-00:00:00, got {text!r}", field="--time"
-        )
-    days, a, b, c = (int(g) if g else None for g in m.groups())
-    if days is not None:  # D-HH[:MM[:SS]]
-        return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
-    if c is not None:
-        return a * 3600 + b * 60 + c
-    return a * 60 + (b or 0)  # MM or MM:SS
-
-
-def script_limit(stage: str, root: Path | None = None) -> tuple[float | None, str]:
-    """The `#SBATCH --time` of the stage's launch script in the checkout, with where it was read."""
-    script = LAUNCHERS.get(stage)
-    path = (root or Path(__file__).resolve().parents[1]) / script if script else None
+def script_limit(stage: str) -> tuple[float | None, str]:
+    """The `#SBATCH --time` of the stage's launch script (package data, corag.resources), with where it
+    was read."""
+    path = stage_script(stage) if stage in ("sample", "evaluate", "sft", "grpo") else None
     if path is None or not path.is_file():
         return None, ""
     for line in path.read_text().splitlines():
         if m := re.match(r"#SBATCH\s+(?:--time=|-t\s*)(\S+)", line.strip()):
-            return parse_time(m.group(1)), f"{script} #SBATCH --time={m.group(1)}"
+            return parse_time(m.group(1)), f"{path.name} #SBATCH --time={m.group(1)}"
     return None, ""
 
 

@@ -40,12 +40,12 @@ from corag.chain import (
     scoring_request,
     subanswer,
 )
+from corag.cluster.stop import StopRequest
 from corag.data.jsonl import JsonlAppender, iter_jsonl, read_jsonl, write_jsonl
 from corag.errors import InputError
 from corag.executor import EXECUTORS, Context, Executor, in_order
 from corag.metrics import exact_match, max_over_golds
 from corag.prompts import FINAL_NUM_DOCS, NO_INFO, final_answer_messages
-from corag.slurm import StopRequest
 from corag.tasks import task_description
 from corag.types import Example, Passage, Step
 

@@ -65,6 +65,13 @@ def test_help_lists_every_command(capsys):
     assert main(["no-such-command"]) == 2
 
 
+def test_the_commands_folder_holds_exactly_the_cli_commands():
+    """corag/commands/ is the CLI's commands, one module each; what a job runs lives in corag/cluster/."""
+    folder = Path(__file__).resolve().parents[1] / "corag" / "commands"
+    modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+    assert modules == {target.split(":")[0].rsplit(".", 1)[1] for target, _ in COMMANDS.values()}
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_command_help_names_the_command(name, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -9,6 +9,7 @@ import signal
 import pytest
 
 from corag.cli import main as cli_main
+from corag.cluster.stop import StopRequest
 from corag.data.corpus import Corpus
 from corag.data.formats import load_examples
 from corag.data.jsonl import JsonlAppender, write_jsonl
@@ -25,7 +26,6 @@ from corag.evaluation import (
 from corag.kilt import validate_submission, write_kilt_submission
 from corag.lm import load_lm
 from corag.retrieval.bm25 import BM25Retriever
-from corag.slurm import StopRequest
 from corag.types import Example
 
 

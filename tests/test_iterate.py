@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import corag.cluster.rounds
 import corag.iterate
 from corag.cli import main as cli
 from corag.data.corpus import Corpus
@@ -223,12 +224,10 @@ SLURM_SAMPLING = "num_shards: 2\nnum_chains: 2\nmax_length: 1\nseed: 5\nbackend:
 
 @pytest.fixture
 def slurm_flags(flags, toy_world, tmp_path, monkeypatch) -> list[str]:
-    """The local flags under `launcher: slurm`, run from a project folder holding the launch scripts; the
+    """The local flags under `launcher: slurm`, run from a folder without the launch scripts (they are the
+    package's); the
     sampling settings live in the sampling config, round 0 is the gold chains of the 4 questions."""
     monkeypatch.chdir(tmp_path)
-    for script in corag.iterate.SCRIPTS.values():
-        Path(script).parent.mkdir(parents=True, exist_ok=True)
-        Path(script).write_text("#!/usr/bin/env bash\n")
     Path("sampling.yaml").write_text(SLURM_SAMPLING)
     Path("eval.yaml").write_text("backend: hf\n")
     gold = [
@@ -249,22 +248,49 @@ def slurm_flags(flags, toy_world, tmp_path, monkeypatch) -> list[str]:
 
 
 class FakeSbatch:
-    """`sbatch --wait` as the launch scripts' jobs would end: each writes what its stage leaves (the pool
-    job runs for real, in process), or fails where told."""
+    """Slurm as the launch scripts' jobs would end, for every command the driver runs: `sbatch
+    --parsable` runs the job at once (each writes what its stage leaves; the pool job runs for real, in
+    process) or fails it where told, and prints its id; squeue lists `running` jobs; `scontrol show job`
+    gives the ended ones' states; sinfo lists `nodes`."""
 
-    def __init__(self, fail: str | None = None) -> None:
+    def __init__(
+        self, fail: str | None = None, nodes: str = "gpu* 2 64 512000 gpu:8 2-00:00:00 idle"
+    ) -> None:
         self.commands: list[list[str]] = []
         self.fail = fail
+        self.nodes = nodes
+        self.states: dict[str, str] = {}
+        self.running: set[str] = set()
 
     def __call__(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
-        from corag.commands.pool import main as pool
-
+        if command[0] == "sinfo":
+            return subprocess.CompletedProcess(command, 0, self.nodes + "\n", "")
+        if command[0] == "squeue":
+            job = command[command.index("-j") + 1]
+            return subprocess.CompletedProcess(command, 0, "RUNNING\n" if job in self.running else "", "")
+        if command[:3] == ["scontrol", "show", "job"]:
+            state = self.states.get(command[3])
+            if state is None:
+                return subprocess.CompletedProcess(
+                    command, 1, "", "slurm_load_jobs error: Invalid job id specified"
+                )
+            return subprocess.CompletedProcess(
+                command, 0, f"JobId={command[3]} JobState={state} ExitCode=0:0", ""
+            )
+        assert command[0] == "sbatch", command
         self.commands.append(command)
-        script = next(w for w in command if w in corag.iterate.SCRIPTS.values())
+        job = str(1000 + len(self.commands))
+        self.states[job] = "COMPLETED" if self.run(command) else "FAILED"
+        return subprocess.CompletedProcess(command, 0, f"{job}\n", "")
+
+    def run(self, command: list[str]) -> bool:
+        from corag.cluster.pool import main as pool
+
+        script = next(w for w in command if w in corag.cluster.rounds.SCRIPTS.values())
         args = command[command.index(script) + 1 :]
         value = dict(zip(args, [*args[1:], ""], strict=True))
         if script == self.fail:
-            return subprocess.CompletedProcess(command, 1)
+            return False
         if script.endswith("slurm_array.sh"):  # question i in shard i % 2, each chain worse than gold's
             out = Path(value["--out_dir"])
             out.mkdir(parents=True)
@@ -281,18 +307,18 @@ class FakeSbatch:
             run = Path(value["--out-root"]) / Path(value["--data"]).stem / "greedy_L1"
             run.mkdir(parents=True)
             (run / "metrics.json").write_text(json.dumps({"em": 50.0, "f1": 60.0, "tokens_per_question": 7}))
-        return subprocess.CompletedProcess(command, 0)
+        return True
 
 
 def test_the_slurm_launcher_submits_each_stage_as_the_cluster_path_and_resumes(
     slurm_flags, tiny_model_dir, toy_dir, monkeypatch, capsys
 ):
     sbatch = FakeSbatch()
-    monkeypatch.setattr(corag.iterate.subprocess, "run", sbatch)
+    monkeypatch.setattr(corag.cluster.rounds.subprocess, "run", sbatch)
     assert cli(["iterate", *slurm_flags]) == 0
     sample, pool, train, evaluate = sbatch.commands
-    for command, script in zip(sbatch.commands, corag.iterate.SCRIPTS.values(), strict=True):
-        assert command[:3] == ["sbatch", "--wait", "--partition=gpu"] and script in command
+    for command, script in zip(sbatch.commands, corag.cluster.rounds.SCRIPTS.values(), strict=True):
+        assert command[:3] == ["sbatch", "--parsable", "--partition=gpu"] and script in command
     # the array: its flags, the sampling config with the index served on each node, the round's sampler
     # and seed (the sampling config's, round 1)
     assert sample[3:5] == ["--array=0-1", "--mem=8G"]
@@ -316,7 +342,11 @@ def test_the_slurm_launcher_submits_each_stage_as_the_cluster_path_and_resumes(
     kept = read_jsonl(Path("rounds/round1/pool.jsonl"))
     assert [r["round"] for r in kept] == [0, 0, 0, 0] and all(r["score"] > -100 for r in kept)
     # SFT over 2 nodes from the model, on the pool's examples (not the SFT config's dataset)
-    assert train[3:7] == ["--nodes=2", corag.iterate.SCRIPTS["train"], "sft", "ddp"]
+    assert train[3:7] == ["--nodes=2", corag.cluster.rounds.SCRIPTS["train"], "sft", "ddp"]
+    # each job's id recorded in the run folder, by round and stage
+    assert json.loads(Path("rounds/jobs.json").read_text()) == {
+        "round1/sample": "1001", "round1/pool": "1002", "round1/train": "1003", "round1/evaluate": "1004"
+    }  # fmt: skip
     assert train[train.index("--chains") + 1] == "rounds/round1/pool.jsonl"
     assert train[train.index("--dataset") + 1] == "none" and train[-2:] == ["--bf16", "false"]
     # evaluation of the round's model with the round's methods; the table reads its metrics
@@ -331,15 +361,18 @@ def test_the_slurm_launcher_submits_each_stage_as_the_cluster_path_and_resumes(
 
 
 def test_a_failed_job_ends_the_run_in_one_line_and_the_rerun_resumes_it(slurm_flags, monkeypatch, capsys):
-    sbatch = FakeSbatch(fail=corag.iterate.SCRIPTS["train"])
-    monkeypatch.setattr(corag.iterate.subprocess, "run", sbatch)
+    sbatch = FakeSbatch(fail=corag.cluster.rounds.SCRIPTS["train"])
+    monkeypatch.setattr(corag.cluster.rounds.subprocess, "run", sbatch)
     assert cli(["iterate", *slurm_flags]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("corag iterate: the job of recipes/slurm_train.sh ended with status 1")
+    assert err[-1].startswith("corag iterate: the job 1003 of slurm_train.sh ended FAILED")
     sbatch.fail = None
     assert cli(["iterate", *slurm_flags]) == 0
-    scripts = [next(w for w in c if w in corag.iterate.SCRIPTS.values()) for c in sbatch.commands]
-    assert scripts == [*list(corag.iterate.SCRIPTS.values())[:3], *list(corag.iterate.SCRIPTS.values())[2:]]
+    scripts = [next(w for w in c if w in corag.cluster.rounds.SCRIPTS.values()) for c in sbatch.commands]
+    assert scripts == [
+        *list(corag.cluster.rounds.SCRIPTS.values())[:3],
+        *list(corag.cluster.rounds.SCRIPTS.values())[2:],
+    ]
 
 
 @pytest.mark.parametrize(
@@ -353,16 +386,82 @@ def test_a_failed_job_ends_the_run_in_one_line_and_the_rerun_resumes_it(slurm_fl
     ],
 )
 def test_bad_slurm_settings_are_one_line(slurm_flags, monkeypatch, capsys, extra, field):
-    monkeypatch.setattr(corag.iterate.subprocess, "run", FakeSbatch())
+    monkeypatch.setattr(corag.cluster.rounds.subprocess, "run", FakeSbatch())
     assert cli(["iterate", *slurm_flags, *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("corag iterate: error:") and f"field '{field}'" in err[-1]
 
 
-def test_the_slurm_launcher_runs_from_the_project_folder(slurm_flags, capsys):
-    Path(corag.iterate.SCRIPTS["pool"]).unlink()
-    assert cli(["iterate", *slurm_flags]) == 2
+def test_iterate_refuses_a_stage_no_node_can_run_before_submitting_any_job(slurm_flags, monkeypatch, capsys):
+    """Nodes of 2 CPUs, 9000 MB and a 2-day limit: the train stage's --mem and --time are both named, in
+    one line, before round 1 submits anything."""
+    sbatch = FakeSbatch(nodes="gpu* 2 2 9000 gpu:8 2-00:00:00 idle")
+    monkeypatch.setattr(corag.cluster.rounds.subprocess, "run", sbatch)
+    flags = [*slurm_flags, "--train_sbatch=--nodes=2 --mem=512G --time=3-00:00:00"]
+    assert cli(["iterate", *flags]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("corag iterate: error: ") and "stage train (slurm_train.sh)" in line
+    assert "--mem=512G asks 524288 MB of memory a node" in line and "--time=3-00:00:00 asks 72 h" in line
+    assert "field 'train_sbatch'" in line
+    assert sbatch.commands == [] and not Path("rounds").exists()
+
+
+class RecordedJobRunning(FakeSbatch):
+    """Job 555, submitted by an earlier driver for round 1's sampling, runs for two more polls, then ends
+    having written the round's shards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running, self.polls = {"555"}, 0
+
+    def __call__(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
+        if command[0] == "squeue" and "555" in command:
+            self.polls += 1
+            if self.polls == 3:
+                out = Path("rounds/round1/shards")
+                out.mkdir(parents=True)
+                for shard in (0, 1):
+                    chains = [
+                        {"query_id": e["id"], "score": -100.0, "steps": []} for e in QUESTIONS[shard::2]
+                    ]
+                    write_jsonl(out / f"chains-{shard:05d}-of-00002.jsonl", chains)
+                self.running, self.states["555"] = set(), "COMPLETED"
+        return super().__call__(command, **kwargs)
+
+
+QUESTIONS: list[dict] = []
+
+
+def test_a_rerun_whose_recorded_job_still_runs_waits_for_it_and_submits_nothing_for_it(
+    slurm_flags, toy_dir, monkeypatch, capsys
+):
+    QUESTIONS[:] = [{"id": e.id} for e in load_examples(str(toy_dir / "train.jsonl"))[:4]]
+    monkeypatch.setenv("CORAG_POLL_SECONDS", "0")
+    Path("rounds").mkdir()
+    Path("rounds/jobs.json").write_text('{"round1/sample": "555"}')
+    sbatch = RecordedJobRunning()
+    monkeypatch.setattr(corag.cluster.rounds.subprocess, "run", sbatch)
+    assert cli(["iterate", *slurm_flags]) == 0
+    out = capsys.readouterr().out
     assert (
-        "sampling/slurm_pool.sh, field 'launcher': launcher slurm runs the launch scripts"
-        in capsys.readouterr().err
+        "[round1/sample] job 555 recorded in rounds/jobs.json is RUNNING: waiting for it, not submitting again"
+        in out
     )
+    scripts = [
+        Path(next(w for w in c if w in corag.cluster.rounds.SCRIPTS.values())).name for c in sbatch.commands
+    ]
+    assert scripts == ["slurm_pool.sh", "slurm_train.sh", "slurm_eval.sh"]  # no second sampling array
+    assert json.loads(Path("rounds/jobs.json").read_text())["round1/sample"] == "555"
+
+
+def test_a_recorded_job_unknown_to_slurm_is_one_line_and_submitted_anew(slurm_flags, monkeypatch, capsys):
+    Path("rounds").mkdir()
+    Path("rounds/jobs.json").write_text('{"round1/sample": "777"}')
+    sbatch = FakeSbatch()
+    monkeypatch.setattr(corag.cluster.rounds.subprocess, "run", sbatch)
+    assert cli(["iterate", *slurm_flags]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "777" in line]
+    assert lines == [
+        "[round1/sample] job 777 recorded in rounds/jobs.json is unknown to Slurm (ended long ago?): submitting anew"
+    ]
+    assert json.loads(Path("rounds/jobs.json").read_text())["round1/sample"] == "1001"

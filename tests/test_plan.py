@@ -287,7 +287,7 @@ def test_a_plan_over_the_jobs_time_limit_says_so_in_one_line(tmp_path: Path, cap
     assert plan_main(["--config", str(config)]) == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wall time")]
     assert line.endswith(
-        "within the job's limit of 24.0 h (evaluation/slurm_eval.sh #SBATCH --time=24:00:00)"
+        "within the job's limit of 24.0 h (slurm_eval.sh #SBATCH --time=24:00:00)"
     )
     # the job's files as evaluation/slurm_eval.sh takes them: --data A --data B (or --data A B)
     other = _jsonl(tmp_path / "r.jsonl", 500)

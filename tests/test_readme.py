@@ -71,11 +71,12 @@ def test_every_readme_command_and_flag_exists(page: str, words: list[str], capsy
 
 
 def sbatch_commands(text: str) -> list[tuple[str, set[str]]]:
-    """Each `sbatch` command line in `text` (continuation lines joined): its script and its flags."""
+    """Each `sbatch` command line in `text` (continuation lines joined) that submits a script (not a
+    `--wrap` command, such as the iterate driver's own job): its script and its flags."""
     commands = []
     for line in text.replace("\\\n", " ").splitlines():
         words = shlex.split(line, comments=True)
-        if words[:1] == ["sbatch"]:
+        if words[:1] == ["sbatch"] and not any(w.startswith("--wrap") for w in words):
             script = next(w for w in words if w.endswith(".sh"))
             commands.append((script, {w.split("=")[0] for w in words if w.startswith("--")}))
     return commands

@@ -16,7 +16,7 @@ run again and an interrupted one resumes. The merge writes exactly the files one
 the stepped executor, the same predictions to the byte) and refuses, naming the file, while a part is
 missing or unfinished.
 
-Slurm's warning before the time limit (SIGUSR1, corag.slurm) ends an evaluation or a part after the
+Slurm's warning before the time limit (SIGUSR1, corag.cluster.stop) ends an evaluation or a part after the
 question in hand: the predictions hold whole lines, the unfinished run no metrics, and the exit status is
 75 (stopped), so that evaluation/slurm_eval.sh requeues the job; the rerun resumes.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from corag.chain import GenerationLimits, check_dataset_docs
-from corag.commands.common import DecodingArgs, QuestionsArgs, settings_record
+from corag.cluster.stop import StopRequest, stopped, warning_held
 from corag.config import parse_config
 from corag.data.jsonl import check_output, write_jsonl
 from corag.errors import InputError
@@ -60,7 +60,7 @@ from corag.evaluation import (
 )
 from corag.kilt import read_page_ids, write_kilt_submission
 from corag.lm.settings import EngineSettings
-from corag.slurm import StopRequest, stopped, warning_held
+from corag.options import DecodingArgs, QuestionsArgs, settings_record
 from corag.tasks import get_task, split_from_path
 from corag.types import Example
 

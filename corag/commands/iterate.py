@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from corag.cluster.rounds import JobFailed
 from corag.config import parse_config
-from corag.iterate import IterateConfig, JobFailed, iterate
+from corag.iterate import IterateConfig, iterate
 from corag.resources import CONFIGS
 from corag.sampling import SamplingConfig
 

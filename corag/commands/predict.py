@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corag.chain import GenerationLimits, check_dataset_docs
-from corag.commands.common import DecodingArgs, QuestionsArgs, check_unique_ids
 from corag.config import parse_config
 from corag.data.jsonl import check_output, refuse_inputs_as_outputs
 from corag.decoding import STRATEGIES, get_strategy
 from corag.errors import InputError
 from corag.evaluation import Run, check_resume, read_predictions, run_method, write_official_files
 from corag.lm.settings import EngineSettings
+from corag.options import DecodingArgs, QuestionsArgs, check_unique_ids
 from corag.tasks import split_from_path
 
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corag.chain import GenerationLimits
-from corag.commands.common import chain_settings
+from corag.cluster.stop import StopRequest, stopped
 from corag.config import parse_config
 from corag.data.jsonl import check_output
 from corag.errors import InputError
 from corag.executor import EXECUTORS
 from corag.lm.settings import EngineSettings
+from corag.options import chain_settings
 from corag.sampling import (
     SamplingConfig,
     model_fingerprint,
@@ -28,7 +29,6 @@ from corag.sampling import (
     shard_path,
     validate_questions,
 )
-from corag.slurm import StopRequest, stopped
 
 
 @dataclass

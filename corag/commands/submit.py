@@ -7,11 +7,12 @@ usage: corag submit SCRIPT [SBATCH_FLAGS ...] [-- SCRIPT_ARGS ...]
 
 What the script's #SBATCH lines and the flags (which override them) ask of a node (--cpus-per-task,
 --ntasks-per-node, --mem, --mem-per-cpu, --gpus-per-node, --gres, --gpus, --nodes, --partition) is
-checked against the nodes `sinfo` lists for the partition (the default one unless --partition). A job
-no node can ever run is refused in one line naming the option (sbatch would queue it, and it would wait
-for good: Reason=PartitionConfig); otherwise `sbatch SBATCH_FLAGS SCRIPT SCRIPT_ARGS` runs, and its exit
-status is this command's. Options it does not size by (--wait, --array, --time, --test-only, ...) go to
-sbatch as given.
+checked against the nodes `sinfo` lists for the partition (the default one unless --partition), and
+--time against the partition's time limit (and against the --signal=B:USR1@SECONDS warning margin). A
+job no node in service can ever run is refused in one line naming every option no node meets (sbatch
+would queue it, and it would wait for good: Reason=PartitionConfig or PartitionTimeLimit); otherwise
+`sbatch SBATCH_FLAGS SCRIPT SCRIPT_ARGS` runs, and its exit status is this command's. Options it does not
+size by (--wait, --array, --test-only, ...) go to sbatch as given.
 """
 
 from __future__ import annotations
@@ -20,23 +21,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from corag.cluster.submit import check, header_options, node_groups, parse_request
 from corag.errors import InputError
-from corag.slurm import SINFO, check, header_options, parse_request, parse_sinfo
 
 USAGE = __doc__.split("\n\n")[1]
-
-
-def node_groups() -> tuple[list, str | None]:
-    """The cluster's node groups and default partition, from sinfo (SINFO)."""
-    try:
-        done = subprocess.run(SINFO, capture_output=True, text=True, check=False)
-    except FileNotFoundError:
-        raise InputError(
-            "no sinfo here: run corag submit where Slurm's commands are (a login node)"
-        ) from None
-    if done.returncode:
-        raise InputError(f"sinfo failed: {(done.stderr.strip().splitlines() or ['no message'])[0]}")
-    return parse_sinfo(done.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,10 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not Path(script).is_file():
         raise InputError("no such batch script", file=script)
-    request = parse_request(header_options(Path(script).read_text()), flags)
     groups, default = node_groups()
     try:
-        partition = check(request, groups, default)
+        partition = check(parse_request(header_options(Path(script).read_text()), flags), groups, default)
     except InputError as e:
         raise InputError(str(e), file=script) from None
     print(f"corag submit: partition {partition!r} has nodes that can run {script}", file=sys.stderr)

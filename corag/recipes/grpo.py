@@ -48,6 +48,8 @@ from corag.training.recipes import (
     close_processes,
     end_stopped,
     fail,
+    leave,
+    train,
     wandb_offline_if_unreachable,
 )
 from corag.training.rollout import RolloutConfig
@@ -210,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("resuming from %s", checkpoint)
 
     # 2. The questions with their gold answers, the corpus and the retriever the chains search.
-    from corag.commands.common import check_unique_ids
     from corag.data.corpus import Corpus
     from corag.data.formats import load_examples
+    from corag.options import check_unique_ids
     from corag.retrieval import check_corpus, load_retriever
 
     try:
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         held_out_method=data.eval_method,
         callbacks=[*time_limit, near_limit],
     )
-    result = trainer.train(resume_from_checkpoint=checkpoint)
+    result = train(trainer, checkpoint)
     if near_limit.stopped:
         return end_stopped(trainer)
     trainer.log_metrics("train", result.metrics)
@@ -286,4 +288,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -53,6 +53,8 @@ from corag.training.recipes import (
     close_processes,
     end_stopped,
     fail,
+    leave,
+    train,
     wandb_offline_if_unreachable,
 )
 
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         peft_config=get_peft_config(model_args),
         callbacks=[near_limit],
     )
-    result = trainer.train(resume_from_checkpoint=checkpoint)
+    result = train(trainer, checkpoint)
     if near_limit.stopped:
         return end_stopped(trainer)
     trainer.log_metrics("train", result.metrics)
@@ -329,4 +331,4 @@ def merge_lora(adapter_dir: str | Path, out: str | Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -23,8 +23,8 @@ from urllib.parse import urlparse
 import torch
 from transformers import TrainerCallback
 
+from corag.cluster.stop import STOPPED, StopRequest, stopped
 from corag.errors import InputError
-from corag.slurm import STOPPED, StopRequest, stopped
 
 logger = logging.getLogger("corag.training")
 
@@ -120,13 +120,20 @@ def attention_implementation(requested: str | None) -> str | None:
 
 
 class StopOnWarning(TrainerCallback):
-    """On Slurm's warning before the time limit (SIGUSR1, corag.slurm): save a checkpoint at the end of the
+    """On Slurm's warning before the time limit (SIGUSR1, corag.cluster.stop): save a checkpoint at the end of the
     step in hand and stop training; `stopped` then says so. The processes decide together (the flag is
     reduced over them after every step), so none waits in a collective that another has left."""
 
     def __init__(self) -> None:
         self.request = StopRequest().install()
         self.stopped = False
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 (transformers' callback signature)
+        # transformers takes one step before it checks max_steps: a run resumed at its last step (warned
+        # there, then requeued) would train past it. It ends here instead, before the step; see `train`.
+        if 0 < state.max_steps <= state.global_step:
+            raise AtMaxSteps(state.global_step)
+        return control
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 (transformers' callback signature)
         if self._anywhere(self.request.received, args.device):
@@ -146,6 +153,40 @@ class StopOnWarning(TrainerCallback):
         value = torch.tensor([int(flag)], device=device)
         torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
         return bool(value.item())
+
+
+class AtMaxSteps(Exception):
+    """A resumed run is at (or past) its max_steps before any step (StopOnWarning.on_step_begin)."""
+
+
+def train(trainer: Any, checkpoint: str | None) -> Any:
+    """`trainer.train(resume_from_checkpoint=checkpoint)`, except that a run resumed at its last step
+    trains no further: the checkpoint's model and state are loaded, and the recipe only saves them."""
+    from transformers.trainer_utils import TrainOutput
+
+    try:
+        return trainer.train(resume_from_checkpoint=checkpoint)
+    except AtMaxSteps as at:
+        logger.info(
+            "resumed at step %s, its max_steps %s: no further step, only the final save",
+            at.args[0],
+            trainer.state.max_steps,
+        )
+        return TrainOutput(trainer.state.global_step, 0.0, {"global_step": trainer.state.global_step})
+
+
+def leave(code: int) -> NoReturn:
+    """End a recipe process with `code`, every file flushed, without the interpreter's teardown where a
+    process group was used: at exit the DDP reducer's Gloo group joins a worker thread that waits for the
+    GIL the exiting main thread holds, and the process never ends (seen on a two-node Slurm job; pytorch
+    issues 75097 and 190489). Everything the run writes is closed by then."""
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if distributed:
+        os._exit(code)
+    sys.exit(code)
 
 
 def end_stopped(trainer: Any) -> int:

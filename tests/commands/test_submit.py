@@ -85,7 +85,7 @@ def test_without_sinfo_or_when_it_fails(cluster, capsys):
     (cluster.parent / "bin" / "sinfo").unlink()
     assert main(["submit", "recipes/slurm_train.sh"]) == 2
     assert capsys.readouterr().err.endswith(
-        "no sinfo here: run corag submit where Slurm's commands are (a login node)\n"
+        "no sinfo here: run corag where Slurm's commands are (a login node)\n"
     )
     (cluster.parent / "bin" / "sinfo").write_text(
         "#!/bin/sh\necho 'slurm_load_partitions: Unable to contact' >&2\nexit 1\n"

@@ -248,6 +248,6 @@ def test_api_key_and_served_model_name_from_the_engine_settings(short_model_dir,
         assert server.requests[-1]["model"] == "corag-8b" and server.seen_auth[-1] == "Bearer sk-test"
         monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # the key from the environment
         assert EngineSettings(backend="openai", base_url=up.url).load(short_model_dir).model_name == "other"
-    from corag.commands.common import settings_record
+    from corag.options import settings_record
 
     assert settings_record(settings)["api_key"] == "(set)"  # the key never reaches an output file

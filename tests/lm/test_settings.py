@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from corag.chain import GenerationLimits
-from corag.commands.common import chain_settings
 from corag.config import parse_config
 from corag.errors import InputError
 from corag.lm.hf import HFLM
 from corag.lm.settings import EngineSettings
+from corag.options import chain_settings
 from corag.toy.tinymodel import build_tiny_model, save_tiny
 
 REPO = Path(__file__).resolve().parents[2]

@@ -409,3 +409,24 @@ def test_scoring_only_labelled_positions_fails_loudly_when_trl_changes(monkeypat
     monkeypatch.delattr(trl_utils, "_use_triton")
     with pytest.raises(RuntimeError, match="update score_only_labelled_positions"):
         recipe.score_only_labelled_positions()
+
+
+def test_a_run_resumed_at_its_last_step_trains_no_further_and_saves(toy_run, tmp_path):
+    """A run warned at its last step saved checkpoint-2 (max_steps 2) and stopped; requeued, it resumes
+    there: no third step (transformers would take one before it checks max_steps), global_step 2 and the
+    final model, the checkpoint's weights."""
+    steps = ["--max_steps", "2", "--save_steps", "2", "--gradient_accumulation_steps", "1"]
+    first = tmp_path / "first"
+    launch(toy_run, first, *steps)
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(first / "checkpoint-2", resumed / "checkpoint-2")
+    result = launch(toy_run, resumed, *steps)
+    assert "resumed at step 2, its max_steps 2: no further step, only the final save" in result.stderr
+    assert json.loads((resumed / "trainer_state.json").read_text())["global_step"] == 2
+    assert not (resumed / "checkpoint-3").exists()
+    final, saved = (
+        load_file(resumed / "model.safetensors"),
+        load_file(first / "checkpoint-2" / "model.safetensors"),
+    )
+    assert final.keys() == saved.keys() and all(torch.equal(final[k], saved[k]) for k in saved)

@@ -8,8 +8,11 @@ gives a job: job and array ids, the node list, the submission folder, GPUs as fa
            [--time=LIMIT] [--signal=[B:]SIG[@SECONDS]] [--dependency=after|afterok|afterany:ID]
            [--parsable] [--wait] SCRIPT [ARGS]
     srun [--nodes=N] [--ntasks=N] [--output=PATTERN] [--kill-on-bad-exit=1] COMMAND ...
-    scontrol show hostnames LIST | scontrol show node NAME | scontrol requeue JOBID
+    scontrol show hostnames LIST | scontrol show node NAME | scontrol show job JOBID [-o] | scontrol requeue JOBID
     scancel [--signal=SIG [--batch | --full]] JOBID
+    squeue -h -j JOBID -o %T        (the states of the job's tasks that have not ended)
+    sinfo -h -e -o '%P %D %c %m %G %l %t'   (one partition of FAKE_SLURM_NODES nodes, default 2: 64 CPUs,
+                                           512000 MB, 8 GPUs, no time limit)
 
 As Slurm does: `--time` ends a job at its limit (SIGTERM to every process, SIGKILL after
 FAKE_SLURM_KILL_WAIT seconds, default 5; state TIMEOUT); `--signal` sends SIG that many seconds before
@@ -52,6 +55,8 @@ def split_options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     """Leading `--key=value` / `--key value` / `--flag` options, and the rest (the command)."""
     options: dict[str, str] = {}
     takes_value = {
+        "-j",
+        "--jobs",
         "--array",
         "--nodes",
         "--gpus-per-node",
@@ -175,6 +180,8 @@ def job_env(options: dict[str, str], job_id: int, submit_dir: str) -> dict[str, 
     )
     if "--ntasks" in options or "--ntasks-per-node" in options:  # as sbatch sets it for the job's steps
         env["SLURM_NTASKS"] = options.get("--ntasks") or str(nodes * int(options["--ntasks-per-node"]))
+    if "--cpus-per-task" in options:
+        env["SLURM_CPUS_PER_TASK"] = options["--cpus-per-task"]
     gpus = options.get("--gpus-per-node") or options.get("--gpus")
     if gpus:
         count = int(gpus.split(":")[-1])
@@ -498,8 +505,9 @@ def srun(argv: list[str]) -> int:
     return max(c if c >= 0 else 128 - c for c in codes.values())
 
 
-def jobs_named(name: str) -> list[int]:
-    """The job ids a job id names: JOB, ARRAY_TASK, or an array's id (every task of it)."""
+def jobs_named(name: str, running: bool = True) -> list[int]:
+    """The job ids a job id names: JOB, ARRAY_TASK, or an array's id (every task of it); those running
+    only, unless `running` is False."""
     array, underscore, task = name.partition("_")
     if not array.isdigit() or (underscore and not task.isdigit()):
         fail(f"Invalid job id specified: {name}", 1)
@@ -514,6 +522,8 @@ def jobs_named(name: str) -> list[int]:
             job_id == int(array) or (meta.get("task") is not None and meta.get("array") == int(array))
         ):
             found.append(job_id)
+    if not running:
+        return found
     running = [j for j in found if job(j).get("state") == "RUNNING"]
     if not running:
         fail(f"Invalid job id specified or job not running: {name}", 1)
@@ -528,6 +538,14 @@ def scontrol(argv: list[str]) -> int:
         print(
             f"NodeName={argv[2]} Arch=x86_64 CoresPerSocket=1\n   NodeAddr={NODE_ADDR} NodeHostName={argv[2]}"
         )
+        return 0
+    if argv[:2] == ["show", "job"] and len(argv) > 2:
+        ids = jobs_named(argv[2], running=False)
+        if not ids:
+            fail("Invalid job id specified", 1)
+        for job_id in ids:
+            code = job(job_id).get("exit_code", 0)
+            print(f"JobId={job_id} JobState={job(job_id).get('state', 'PENDING')} ExitCode={code}:0")
         return 0
     if argv[:1] == ["requeue"] and len(argv) == 2:
         for job_id in jobs_named(argv[1]):
@@ -560,11 +578,36 @@ def scancel(argv: list[str]) -> int:
     return 0
 
 
+def squeue(argv: list[str]) -> int:
+    """The states of the job's tasks that have not ended, one a line (`squeue -h -j JOBID -o %T`)."""
+    options, _ = split_options(argv)
+    name = options.get("-j") or options.get("--jobs")
+    if not name:
+        fail("give -j JOBID", 2)
+    for job_id in jobs_named(name, running=False):
+        if job(job_id).get("state") not in FINAL_STATES:
+            print(job(job_id).get("state", "PENDING"))
+    return 0
+
+
+def sinfo(argv: list[str]) -> int:
+    """One partition of FAKE_SLURM_NODES alike nodes, in the format corag.cluster.submit asks."""
+    print(f"debug* {os.environ.get('FAKE_SLURM_NODES', '2')} 64 512000 gpu:8 infinite idle")
+    return 0
+
+
 if __name__ == "__main__":
     name, args = Path(sys.argv[0]).name, sys.argv[1:]
     if name == "fakeslurm.py" and args and args[0] == "_run":
         sys.exit(run_job(int(args[1]), args[2], args[3:]))
-    commands = {"sbatch": sbatch, "srun": srun, "scontrol": scontrol, "scancel": scancel}
+    commands = {
+        "sbatch": sbatch,
+        "srun": srun,
+        "scontrol": scontrol,
+        "scancel": scancel,
+        "squeue": squeue,
+        "sinfo": sinfo,
+    }
     if name not in commands:
         fail(f"run as one of {', '.join(commands)} (a link named so)", 2)
     sys.exit(commands[name](args))

@@ -47,9 +47,10 @@ sample_sbatch: "--array=0-1"
 train_sbatch: "--nodes=2"
 eval_sbatch: "--nodes=2 --gpus-per-node=2"
 YAML
+export CORAG_POLL_SECONDS=2  # how often the driver asks Slurm whether its job has ended
 corag iterate --config iterate/toy.yaml > iterate/run.log
 cat iterate/run.log
-mapfile -t jobs < <(sed -n 's/^Submitted batch job //p' iterate/run.log)
+mapfile -t jobs < <(sed -n 's/^\[round1\/[a-z]*\] job \([0-9]*\) submitted.*/\1/p' iterate/run.log)
 test "${#jobs[@]}" = 4  # sample, pool, train, evaluate
 # sampled by the array: both tasks served the index and sampled; 4 shards merged, 16 questions once each
 grep -q "retrieval service at http://127.0.0.1:" "corag-sample-${jobs[0]}_0.out" "corag-sample-${jobs[0]}_1.out"
@@ -71,4 +72,30 @@ corag iterate --config iterate/toy.yaml > iterate/rerun.log
 test "$(grep -c "already done" iterate/rerun.log)" = 4
 if grep "sbatch\|Submitted batch job" iterate/rerun.log; then echo "the rerun submitted a job"; exit 1; fi
 cmp "$out/rounds.md" iterate/rounds-before.md
+# the driver killed while its sampling array runs, and rerun: it waits for that array, submits no other
+killed=runs/iterate/killed
+sed "s#^out_dir: .*#out_dir: $killed#" iterate/toy.yaml > iterate/killed.yaml
+corag iterate --config iterate/killed.yaml > iterate/killed.log 2> iterate/killed.err &
+driver=$!
+until grep -q '"round1/sample"' "$killed/jobs.json" 2> /dev/null; do
+  kill -0 "$driver" 2> /dev/null || { echo "the driver ended before it submitted"; exit 1; }
+  sleep 0.5
+done
+kill -TERM "$driver"
+wait "$driver" && { echo "the killed driver exited 0"; exit 1; }
+sample_job=$(sed -n 's/.*"round1\/sample": "\([0-9]*\)".*/\1/p' "$killed/jobs.json")
+grep -q "ended by SIGTERM while job $sample_job (round1/sample) runs; the job goes on" iterate/killed.err
+corag iterate --config iterate/killed.yaml > iterate/killed-rerun.log 2>&1 &
+rerun=$!
+until grep -q "waiting for it, not submitting again" iterate/killed-rerun.log; do
+  kill -0 "$rerun" 2> /dev/null || { cat iterate/killed-rerun.log; echo "the rerun ended before it waited"; exit 1; }
+  sleep 0.5
+done
+grep -q "\[round1/sample\] job $sample_job recorded in $killed/jobs.json is" iterate/killed-rerun.log
+if grep -q "\[round1/sample\] job [0-9]* submitted" iterate/killed-rerun.log; then echo "the rerun submitted a second array"; exit 1; fi
+if [[ "${CORAG_SLURM:-}" == real ]]; then  # one sampling array in the queue, not two
+  test "$(squeue -h -n corag-sample -o %F | sort -u | wc -l)" = 1
+fi
+kill -TERM "$rerun"; wait "$rerun" || true
+scancel "$sample_job" 2> /dev/null || true
 echo "tests/slurm/iterate_round.sh: one round through the launchers, and its rerun, in $PWD/$out"

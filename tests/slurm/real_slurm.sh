@@ -86,7 +86,8 @@ SlurmdPidFile=$dir/slurmd-%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+# each step bound to the job's CPUs: the node runner logs what it may use (os.sched_getaffinity)
+TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 GresTypes=gpu
@@ -98,6 +99,8 @@ KillWait=10
 NodeName=node1 NodeHostname=$host NodeAddr=127.0.0.1 Port=17001 CPUs=2 RealMemory=10000 Gres=gpu:2 State=UNKNOWN
 NodeName=node2 NodeHostname=$host NodeAddr=127.0.0.1 Port=17002 CPUs=2 RealMemory=10000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+# a partition of 1 h jobs: a longer --time would wait for good (PartitionTimeLimit); corag submit refuses it
+PartitionName=short Nodes=node[1-2] MaxTime=01:00:00 State=UP OverSubscribe=FORCE:4
 EOF
   # Fake GPUs: without File= the nodes register as INVAL (gres/gpu count reported lower than configured)
   echo "NodeName=node[1-2] Name=gpu File=/dev/tty[0-1]" > "$dir/gres.conf"

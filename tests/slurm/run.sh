@@ -48,6 +48,7 @@ sbatch --wait --array=0-1 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
 grep -q "retrieval service at http://127.0.0.1:" corag-sample-*_0.out corag-sample-*_1.out
 for shard in runs/chains/toy/chains-0000[0-3]-of-00004.jsonl; do test -s "$shard"; done  # 72 questions, 18 blocks
 
+grep -q "CPU(s) usable on" corag-sample-*_0.out corag-sample-*_1.out  # each node logs its usable CPUs
 step "2. merge and build examples"
 corag merge --questions data/toy/train.jsonl --out data/chains/toy.jsonl runs/chains/toy/chains-*-of-00004.jsonl
 corag build-examples --chains data/chains/toy.jsonl --corpus data/toy/corpus.jsonl --tokenizer models/warm \
@@ -60,6 +61,7 @@ sbatch --wait --nodes=2 --gpus-per-node=1 --cpus-per-task=1 --mem=4G \
 # Ranks follow the order the nodes join the rendezvous: the first process may be on either node.
 test "$(cat logs/corag-sft-*-node*.log | grep -c "processes: 2")" = 1
 test -f runs/sft/toy/model.safetensors
+test "$(cat logs/corag-sft-*-node*.log | grep -c "CPU(s) usable on")" = 2  # each node's usable CPUs
 # A clean end: no node's log holds a traceback, an error line or C++ frames (a node that ended after the
 # rendezvous store's host did failed its exit barrier so).
 if grep -E "Traceback|Error|^frame #|Exception raised from" logs/corag-sft-*-node*.log; then
@@ -84,6 +86,7 @@ cat runs/eval/results.md
 grep -q "| test | greedy:L=2 |" runs/eval/results.md
 grep -q "| single_hop | greedy:L=2 |" runs/eval/results.md
 test "$(grep -c "searches http://127.0.0.1:" corag-eval-*.out)" = 2  # node 0's service and node 1's
+test "$(grep -c "CPU(s) usable on" corag-eval-*.out)" = 2  # each node logs its usable CPUs
 for part in 0 1 2 3; do test -s logs/corag-eval-*-test-part$part.log; done  # 4 engines, each a part of a file
 # the 4 parts merged are what one process writes, to the byte
 corag evaluate --config configs/eval/toy.yaml --model runs/sft/toy --data data/toy/test.jsonl --limit 6 \
@@ -156,6 +159,12 @@ if [[ "${CORAG_SLURM:-}" == real ]]; then  # the partition's nodes, as sinfo lis
     echo "tests/slurm/run.sh: corag submit let through a job no node can run"; exit 1
   fi
   grep -q -- "--cpus-per-task=64 asks 64 CPU(s) a node" refused.txt  # sbatch alone queues it for good (PartitionConfig)
+  # --time over the partition's MaxTime (1 h): sbatch alone queues it for good (PartitionTimeLimit)
+  if corag submit sampling/slurm_pool.sh -p short --time=02:00:00 --mem=4G 2> refused-time.txt; then
+    echo "tests/slurm/run.sh: corag submit let through a job over the partition's time limit"; exit 1
+  fi
+  test "$(wc -l < refused-time.txt)" = 1
+  grep -q -- "--time=02:00:00 asks 2 h, over partition 'short''s time limit of 1 h" refused-time.txt
 fi
 step "9. the smoke job (its first stages; tests/commands/test_smoke.py runs every one) and an encoding job"
 sbatch --wait --gpus-per-node=1 --cpus-per-task=1 --mem=4G sampling/slurm_smoke.sh --small --out_dir runs/smoke \

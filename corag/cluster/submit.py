@@ -1,36 +1,35 @@
 """Whether a Slurm job can ever start: what a batch script's #SBATCH lines and sbatch's flags ask of a
 node, against the nodes `sinfo` lists. sbatch accepts a job that asks more CPUs, memory or GPUs a node
-than any node of its partition has, and the job then waits for good (Reason=PartitionConfig).
-
-And jobs that outlive their time limit (the end of this module). Slurm sends SIGUSR1 some minutes before a
-job's limit (`#SBATCH --signal=B:USR1@SECONDS`). A long program (a sampling shard, an evaluation, a
-training process) installs `StopRequest`, finishes the unit of work in hand (a block of questions, a
-question, an optimizer step), saves it, and returns `stopped(...)`: exit status 75 and, where the job's
-batch shell asks for it (CORAG_REQUEUE_FILE, set by `python -m corag.commands.requeue`), a mark file on
-the shared file system that says the same where a launcher does not pass the status on (torchelastic
-reports a worker's non-zero status as a failure). The batch shell then requeues the job, and the rerun
-resumes from what was saved. The batch shell also leaves a warning file (CORAG_WARNED_FILE) the moment the
-warning comes: a program that started too late to be sent the signal (the next file of an evaluation
-part, one whose handler was not yet installed) reads the warning from it."""
+than any node of its partition has, and the job then waits for good (Reason=PartitionConfig)."""
 
 from __future__ import annotations
 
 import math
-import os
 import re
-import signal
-import socket
-import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from corag.errors import InputError
 
 # Exact node groups (-e: no "250+" minimums): partition (default marked *), node count, CPUs, memory in
-# MB, generic resources (gpu:8, gpu:a100:4(S:0-1), (null)).
-SINFO = ("sinfo", "-h", "-e", "-o", "%P %D %c %m %G")
+# MB (RealMemory), generic resources (gpu:8, gpu:a100:4(S:0-1), (null)), the partition's time limit
+# (MaxTime: 1:00:00, 2-00:00:00, infinite) and the nodes' state (idle, mixed, drained, down*, ...).
+SINFO = ("sinfo", "-h", "-e", "-o", "%P %D %c %m %G %l %t")
+# Node states no job starts on (sinfo's short names, without the * of a node not responding).
+UNUSABLE = (
+    "down",
+    "drain",
+    "drng",
+    "fail",
+    "failg",
+    "inval",
+    "maint",
+    "futr",
+    "unk",
+    "boot",
+    "pow_dn",
+    "npc",
+)
 
 # The sbatch options that size a job, by every name sbatch takes for them.
 OPTIONS = {
@@ -46,6 +45,8 @@ OPTIONS = {
     "--gpus-per-node": "gpus-per-node",
     "--gres": "gres",
     "--partition": "partition", "-p": "partition",
+    "--time": "time", "-t": "time",
+    "--signal": "signal",
 }  # fmt: skip
 
 
@@ -58,6 +59,13 @@ class NodeGroup:
     cpus: int
     memory_mb: int
     gpus: dict[str | None, int] = field(default_factory=dict)
+    max_time: float | None = None  # seconds; None: no limit (or not listed)
+    state: str = "idle"
+
+    @property
+    def usable(self) -> bool:
+        """Whether jobs start on these nodes (not down, drained, failed, ...)."""
+        return self.state.rstrip("*~#!%$@^-") not in UNUSABLE
 
     def gpu_count(self, kind: str | None) -> int:
         """GPUs of `kind` on one node (any kind when None)."""
@@ -75,6 +83,7 @@ class Request:
     gpu_kind: str | None = None
     total_gpus: int = 0  # --gpus without a node count: over the job's nodes
     partitions: tuple[str, ...] = ()
+    time_s: float | None = None  # --time
     asked_by: dict[str, str] = field(default_factory=dict)
 
 
@@ -132,12 +141,52 @@ def number(text: str, asked_by: str) -> int:
     return int(least)
 
 
+def parse_time(text: str, asked_by: str = "--time") -> float:
+    """Seconds in a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    m = re.fullmatch(r"\s*(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\s*", text)
+    if not m:
+        raise InputError(
+            f"expected a Slurm time such as 12:00:00 or 1-00:00:00, got {text!r}", field=asked_by
+        )
+    days, a, b, c = (int(g) if g else None for g in m.groups())
+    if days is not None:  # D-HH[:MM[:SS]]
+        return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    if c is not None:
+        return a * 3600 + b * 60 + c
+    return a * 60 + (b or 0)  # MM or MM:SS
+
+
+def warning_margin(text: str) -> float | None:
+    """Seconds before the time limit that `--signal=[B:]USR1@SECONDS` warns at (None: no USR1 warning)."""
+    m = re.fullmatch(r"(?:[A-Z]+:)?(?:SIG)?USR1(?:@(\d+))?", text.strip(), re.IGNORECASE)
+    return None if not m else float(m.group(1) or 60)
+
+
+def check_margin(time_s: float, margin_s: float, time_by: str, signal_by: str) -> None:
+    """A job warned `margin_s` before a limit of `time_s` or less is warned at once in every run: it would
+    spend its requeues without a step, so it is refused in one line."""
+    if time_s <= margin_s:
+        raise InputError(
+            f"{time_by} ({time_s / 60:g} min) is not longer than the warning margin of {signal_by} "
+            f"({margin_s / 60:g} min): every run would be warned at once and stop; ask more time, or a "
+            "smaller margin with --signal=B:USR1@SECONDS"
+        )
+
+
 def parse_request(header: list[str], flags: list[str]) -> Request:
     """The per-node request of a job from its script's #SBATCH words and sbatch's flags (which win)."""
     found = {**sizing_options(header, "#SBATCH "), **sizing_options(flags)}
     asked = {key: by for key, (_, by) in found.items()}
     value = {key: v for key, (v, _) in found.items()}
     request = Request(asked_by=asked)
+    if "time" in value:
+        request.time_s = (
+            parse_time(value["time"], asked["time"])
+            if value["time"] not in ("infinite", "UNLIMITED")
+            else None
+        )
+        if request.time_s is not None and "signal" in value and (margin := warning_margin(value["signal"])):
+            check_margin(request.time_s, margin, asked["time"], asked["signal"])
     if "partition" in value:
         request.partitions = tuple(p for p in value["partition"].split(",") if p)
     if "nodes" in value:
@@ -196,18 +245,29 @@ def parse_gres(text: str) -> dict[str | None, int]:
 
 
 def parse_sinfo(text: str) -> tuple[list[NodeGroup], str | None]:
-    """Node groups from `sinfo -h -e -o '%P %D %c %m %G'` (SINFO), and the default partition."""
+    """Node groups from `sinfo -h -e -o '%P %D %c %m %G %l %t'` (SINFO; the last two may be missing), and
+    the default partition."""
     groups, default = [], None
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         parts = line.split()
-        if len(parts) != 5 or not all(p.isdigit() for p in parts[1:4]):
-            raise InputError(f"sinfo's line {n} is not PARTITION NODES CPUS MEMORY GRES: {line.strip()!r}")
+        if len(parts) not in (5, 6, 7) or not all(p.isdigit() for p in parts[1:4]):
+            raise InputError(
+                f"sinfo's line {n} is not PARTITION NODES CPUS MEMORY GRES [TIMELIMIT STATE]: {line.strip()!r}"
+            )
         partition = parts[0].rstrip("*")
         if parts[0].endswith("*"):
             default = partition
-        groups.append(NodeGroup(partition, int(parts[1]), int(parts[2]), int(parts[3]), parse_gres(parts[4])))
+        limit = parts[5] if len(parts) > 5 else "infinite"
+        max_time = (
+            None if limit in ("infinite", "UNLIMITED", "n/a") else parse_time(limit, f"sinfo's line {n}")
+        )
+        group = NodeGroup(
+            partition, int(parts[1]), int(parts[2]), int(parts[3]), parse_gres(parts[4]), max_time
+        )
+        group.state = parts[6] if len(parts) > 6 else "idle"
+        groups.append(group)
     return groups, default
 
 
@@ -221,23 +281,40 @@ def describe(cpus: int, memory: int | None, gpus: int, kind: str | None) -> str:
 
 
 def check_partition(request: Request, groups: list[NodeGroup], partition: str) -> None:
-    """An InputError naming the option and the partition's most when no node of `groups` can run the job:
-    each resource alone first, then together, then enough such nodes."""
+    """An InputError naming every option no node of `groups` can meet, with the partition's most (each
+    resource alone and --time against the partition's MaxTime); then the resources together, then enough
+    such nodes. Nodes that are down or drained count for nothing."""
     asked = request.asked_by
+    usable = [g for g in groups if g.usable]
+    if not usable:
+        states = ", ".join(sorted({g.state for g in groups}))
+        raise InputError(
+            f"every node of partition {partition!r} is out of service ({states}); no job starts there"
+        )
     needs = (
         ("gpus", request.gpus, lambda g: g.gpu_count(request.gpu_kind), "GPU(s)", request.gpu_kind),
         ("cpus", request.cpus, lambda g: g.cpus, "CPU(s)", None),
         ("memory", request.memory_mb or 0, lambda g: g.memory_mb, "MB of memory", None),
     )
+    problems = []
     for key, need, have, unit, kind in needs:
-        most = max(have(g) for g in groups)
+        most = max(have(g) for g in usable)
         if need > most:
             what = f"{kind} {unit}" if kind else unit
-            raise InputError(
+            problems.append(
                 f"{asked.get(key, 'the job')} asks {need} {what} a node, and no node of partition {partition!r} "
                 f"has more than {most}, so it could never start; ask at most {most} {what}"
             )
-    fits = [g for g in groups if all(need <= have(g) for _, need, have, _, _ in needs)]
+    limits = [g.max_time for g in usable]
+    if request.time_s is not None and None not in limits and request.time_s > max(limits):
+        most = max(limits)
+        problems.append(
+            f"{asked['time']} asks {request.time_s / 3600:g} h, over partition {partition!r}'s time limit of "
+            f"{most / 3600:g} h, so it would wait for good (PartitionTimeLimit); ask at most {most / 3600:g} h"
+        )
+    if problems:
+        raise InputError("; and ".join(problems))
+    fits = [g for g in usable if all(need <= have(g) for _, need, have, _, _ in needs)]
     want = describe(request.cpus, request.memory_mb, request.gpus, request.gpu_kind)
     if not fits:
         raise InputError(f"no node of partition {partition!r} has {want} together; ask less of one")
@@ -274,68 +351,12 @@ def check(request: Request, groups: list[NodeGroup], default: str | None) -> str
     raise errors[0]
 
 
-# Jobs that outlive their time limit -------------------------------------------------------------------
-
-STOPPED = 75  # the exit status of a program stopped early on the warning signal (EX_TEMPFAIL: run it again)
-WARNING_SIGNAL = signal.SIGUSR1
-MARK_ENV = "CORAG_REQUEUE_FILE"
-WARNED_ENV = "CORAG_WARNED_FILE"
-
-
-class StopRequest:
-    """Set once the warning signal arrives, or once the batch shell's warning file exists (CORAG_WARNED_FILE:
-    the signal is lost on a program that starts after it came, or before its handler is installed); the
-    program stops at its next safe point."""
-
-    def __init__(self) -> None:
-        self._received = False
-        self.warned_file = os.environ.get(WARNED_ENV)
-
-    @property
-    def received(self) -> bool:
-        if not self._received and self.warned_file and os.path.exists(self.warned_file):
-            self._received = True
-        return self._received
-
-    @received.setter
-    def received(self, value: bool) -> None:
-        self._received = value
-
-    def install(self) -> StopRequest:
-        """Catch the warning signal from now on (also where the launcher left it ignored)."""
-        signal.signal(WARNING_SIGNAL, self._receive)
-        return self
-
-    def _receive(self, signum: int, frame: object) -> None:
-        self.received = True
-
-
-@contextmanager
-def warning_held() -> Iterator[None]:
-    """Hold the warning signal back in this thread while the block runs (one that comes is taken after
-    it): processes started meanwhile, such as an inference engine's, inherit it blocked and never act on
-    it, where srun passes it to every process of a task."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {WARNING_SIGNAL})
+def node_groups() -> tuple[list[NodeGroup], str | None]:
+    """The cluster's node groups and default partition, from sinfo (SINFO)."""
     try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def stopped(what: str) -> int:
-    """Say that this program stopped early on the warning signal, `what` having been saved: one line on
-    stderr, the mark file written when the batch shell asked for one; the exit status to end with."""
-    print(f"stopped on the warning signal after {what}; run again to go on", file=sys.stderr)
-    mark = os.environ.get(MARK_ENV)
-    if mark:
-        Path(mark).parent.mkdir(parents=True, exist_ok=True)
-        Path(mark).write_text(f"{socket.gethostname()} {os.getpid()}\n")
-    return STOPPED
-
-
-def job_tag(env: Mapping[str, str]) -> str | None:
-    """The Slurm job this runs in, as logs name it and scontrol takes it: ARRAY_TASK for an array task,
-    else the job id; None outside Slurm."""
-    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    return env.get("SLURM_JOB_ID")
+        done = subprocess.run(SINFO, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise InputError("no sinfo here: run corag where Slurm's commands are (a login node)") from None
+    if done.returncode:
+        raise InputError(f"sinfo failed: {(done.stderr.strip().splitlines() or ['no message'])[0]}")
+    return parse_sinfo(done.stdout)

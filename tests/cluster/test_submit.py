@@ -1,19 +1,16 @@
-"""corag.slurm: what a job asks of a node, from a script's #SBATCH lines and sbatch's flags, against the
+"""corag.cluster.submit: what a job asks of a node, from a script's #SBATCH lines and sbatch's flags, against the
 nodes sinfo lists (canned here); a job no node can ever run is one line naming the option."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from corag.cluster.submit import check, header_options, parse_gres, parse_request, parse_sinfo, parse_time
 from corag.errors import InputError
-from corag.slurm import StopRequest, check, header_options, parse_gres, parse_request, parse_sinfo
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # `sinfo -h -e -o '%P %D %c %m %G'` on the one-machine Slurm of DESIGN.md (nodes of 2 CPUs and 8000 MB)
 SMALL = "debug* 2 2 8000 gpu:8\n"
@@ -71,8 +68,10 @@ def test_what_no_node_has_is_refused_naming_the_option():
     assert message.startswith(
         "#SBATCH --cpus-per-task=64 asks 64 CPU(s) a node, and no node of partition 'debug'"
     )
-    assert message.endswith("has more than 2, so it could never start; ask at most 2 CPU(s)")
-    # the command line wins over the script's lines; memory is next
+    # every option no node meets, in one line: the CPUs and the memory
+    assert "has more than 2, so it could never start; ask at most 2 CPU(s); and #SBATCH --mem=512G" in message
+    assert message.endswith("has more than 8000, so it could never start; ask at most 8000 MB of memory")
+    # the command line wins over the script's lines
     message = refusal(SMALL, OLD_TRAIN_HEADER, ["--cpus-per-task", "2"])
     assert (
         message.startswith("#SBATCH --mem=512G asks 524288 MB of memory a node")
@@ -111,50 +110,40 @@ def test_nodes_partitions_and_together():
     assert "no default partition" in refusal("a 1 2 8000 (null)\n", [])
 
 
-# A program that catches the warning and starts a child (as an engine starts its processes) while holding
-# it back: then both are sent it, as srun sends it to every process of a task. Prints whether the program
-# had it inside the block, whether it had it after, and the child's status (None: still running).
-HOLDER = """
-import contextlib, os, signal, subprocess, sys, time
-from corag.slurm import StopRequest, warning_held
-stop = StopRequest().install()
-held = sys.argv[1] == "held"
-with warning_held() if held else contextlib.nullcontext():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    time.sleep(0.5)
-    os.kill(os.getpid(), signal.SIGUSR1)
-    child.send_signal(signal.SIGUSR1)
-    for _ in range(50):
-        if child.poll() is not None:
-            break
-        time.sleep(0.02)
-    inside = stop.received
-after = stop.received
-print(inside, after, child.poll())
-child.kill()
-"""
+# `sinfo -h -e -o '%P %D %c %m %G %l %t'` of the one-machine Slurm with a 1 h partition, a drained node
+TIMED = "debug* 1 2 8000 gpu:8 1:00:00 idle\ndebug* 1 2 8000 gpu:8 1:00:00 drain\nlong 1 2 8000 gpu:8 infinite down*\n"
 
 
-@pytest.mark.parametrize("how", ["held", "not held"])
-def test_processes_started_while_the_warning_is_held_never_act_on_it(how):
-    done = subprocess.run(
-        [sys.executable, "-c", HOLDER, how], capture_output=True, text=True, timeout=60, cwd=REPO
+def test_time_over_the_partitions_limit_is_named_with_the_rest():
+    groups, _ = parse_sinfo(TIMED)
+    assert [g.max_time for g in groups] == [3600, 3600, None] and [g.usable for g in groups] == [
+        True,
+        False,
+        False,
+    ]
+    assert fits(TIMED, [], ["--time=59:00"]) == "debug"
+    message = refusal(TIMED, ["--time=24:00:00"], ["--mem=9G"])
+    assert message == (
+        "--mem=9G asks 9216 MB of memory a node, and no node of partition 'debug' has more than 8000, so it "
+        "could never start; ask at most 8000 MB of memory; and #SBATCH --time=24:00:00 asks 24 h, over "
+        "partition 'debug''s time limit of 1 h, so it would wait for good (PartitionTimeLimit); ask at most 1 h"
     )
-    assert done.returncode == 0, done.stderr
-    inside, after, child = done.stdout.split()
-    assert after == "True"  # the program takes the warning, after the block when held back
-    if how == "held":
-        assert (inside, child) == ("False", "None")  # the child lives on
-    else:
-        assert (inside, child) == ("True", str(-signal.SIGUSR1))  # the child dies of it
+    assert parse_time("2-12") == 2.5 * 86400 and parse_time("90") == 5400
 
 
-def test_a_stop_request_reads_the_warning_file_once_it_exists(tmp_path, monkeypatch):
-    warned = tmp_path / "warned-7"
-    monkeypatch.setenv("CORAG_WARNED_FILE", str(warned))
-    stop = StopRequest()
-    assert not stop.received
-    warned.write_text("warned\n")
-    assert stop.received
-    warned.unlink()
-    assert stop.received  # once warned, warned for good
+def test_a_time_limit_within_the_warning_margin_is_refused():
+    header = ["--signal=B:USR1@900", "--time=48:00:00"]
+    assert fits(SMALL, header, ["--time=16:00"]) == "debug"
+    assert refusal(SMALL, header, ["--time=10:00"]) == (
+        "--time=10:00 (10 min) is not longer than the warning margin of #SBATCH --signal=B:USR1@900 (15 min): "
+        "every run would be warned at once and stop; ask more time, or a smaller margin with "
+        "--signal=B:USR1@SECONDS"
+    )
+    assert fits(SMALL, header, ["--time=10:00", "--signal=B:USR1@300"]) == "debug"
+
+
+def test_drained_and_down_nodes_count_for_nothing():
+    assert "-N 2 asks 2 nodes of 1 CPU(s), and partition 'debug' has 1" in refusal(TIMED, [], ["-N", "2"])
+    assert refusal(TIMED, [], ["-p", "long"]) == (
+        "every node of partition 'long' is out of service (down*); no job starts there"
+    )

@@ -1,15 +1,15 @@
-"""The batch shell of a job that requeues itself at its time limit (python -m corag.commands.requeue).
+"""The batch shell of a job that requeues itself at its time limit (python -m corag.cluster.requeue).
 
     #SBATCH --signal=B:USR1@900
     #SBATCH --requeue
     #SBATCH --open-mode=append
     ...
-    exec python -m corag.commands.requeue COMMAND [ARGS ...]
+    exec python -m corag.cluster.requeue COMMAND [ARGS ...]
 
 Runs COMMAND (srun, or a launcher on this node) with CORAG_REQUEUE_FILE and CORAG_WARNED_FILE set.
 Slurm's warning (SIGUSR1, sent to the batch shell alone with `B:`) is passed on to COMMAND, whose programs
-finish the work in hand, save it and stop (corag.slurm.stopped: exit status 75, the mark file); the
-warning file, written first, tells it to a program that starts later (corag.slurm.StopRequest). Then the
+finish the work in hand, save it and stop (corag.cluster.stop.stopped: exit status 75, the mark file); the
+warning file, written first, tells it to a program that starts later (corag.cluster.stop.StopRequest). Then the
 job requeues itself (`scontrol requeue`: the same job id, SLURM_RESTART_COUNT one higher) and the rerun
 resumes; after CORAG_MAX_REQUEUES requeues (default 3) it fails in one line instead. Otherwise it exits as
 COMMAND did.
@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from corag.slurm import MARK_ENV, STOPPED, WARNED_ENV, WARNING_SIGNAL, job_tag
+from corag.cluster.stop import MARK_ENV, STOPPED, WARNED_ENV, WARNING_SIGNAL, job_tag
 
 PROG = "requeue"
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        say("usage: python -m corag.commands.requeue COMMAND [ARGS ...]")
+        say("usage: python -m corag.cluster.requeue COMMAND [ARGS ...]")
         return 2
     env = dict(os.environ)
     log_dir, tag = Path(env.get("CORAG_LOG_DIR", "logs")), job_tag(env) or str(os.getpid())

@@ -1,12 +1,12 @@
 """`accelerate launch` on a node that joins a rendezvous store hosted by another process
 (recipes/slurm_train.sh over several nodes):
 
-    python -m corag.commands.accelerate_join ACCELERATE launch [accelerate launch flags] SCRIPT [ARGS]
+    python -m corag.cluster.accelerate_join ACCELERATE launch [accelerate launch flags] SCRIPT [ARGS]
 
 ACCELERATE is the accelerate command (a name on PATH or a path); it runs in this process as it would
 alone, except for one check: accelerate refuses to start machine 0 while its rendezvous port is in use
 there, taking machine 0's launcher to host the store. Under recipes/slurm_train.sh the job's batch shell
-hosts it on the first node (python -m corag.commands.rendezvous_store) and every node only connects to
+hosts it on the first node (python -m corag.cluster.rendezvous_store) and every node only connects to
 it (`--rdzv_conf is_host=0`): a store hosted by machine 0's launcher ends with that launcher, and a node
 that leaves a moment later fails its rendezvous heartbeat and shutdown on it, with errors in its log.
 """
@@ -21,7 +21,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2:
-        print("usage: python -m corag.commands.accelerate_join ACCELERATE launch [ARGS ...]", file=sys.stderr)
+        print("usage: python -m corag.cluster.accelerate_join ACCELERATE launch [ARGS ...]", file=sys.stderr)
         return 2
     command = shutil.which(args[0]) or args[0]
     try:

@@ -40,7 +40,7 @@ if "--out-dir" in argv:
 def given(flag):
     return flag in argv and "--shard" in argv and argv[argv.index(flag) + 1] == argv[argv.index("--shard") + 1]
 if given("--stop-part"):
-    sys.exit(75)  # stopped on Slurm's warning (corag.slurm.STOPPED)
+    sys.exit(75)  # stopped on Slurm's warning (corag.cluster.stop.STOPPED)
 if given("--fail-part"):
     sys.exit(3)
 sys.exit(3 if "--fail" in sys.argv else 0)
@@ -268,12 +268,12 @@ def test_serve_retriever_script_writes_its_url(cluster, toy_world):
 
 
 def test_every_shipped_sampling_config_is_launchable():
-    from corag.commands.launch import LaunchArgs, check_config
+    from corag.cluster.node import SampleArgs, check_config
 
     configs = sorted((ROOT / "configs" / "sampling").glob("*.yaml"))
     assert {p.name for p in configs} >= {"llama3.1-8b.yaml", "qwen3-8b.yaml", "toy.yaml"}
     for path in configs:
-        num_shards, tp = check_config(LaunchArgs(config=str(path)))
+        num_shards, tp = check_config(SampleArgs(config=str(path)))
         assert num_shards >= 1 and tp >= 1, path
 
 
@@ -328,6 +328,8 @@ def test_array_started_before_the_service_waits_for_it(cluster, toy_world):
     )  # fmt: skip
     service = None
     try:
+        cpus = array.stderr.readline()  # the runner's first line: the CPUs it may use
+        assert "CPU(s) usable" in cpus, cpus
         first = array.stderr.readline()  # the task is up and waiting before the service exists
         assert "waiting for the retrieval service" in first and str(url_file) in first, first
         port = free_port()
@@ -514,7 +516,7 @@ def test_evaluation_with_one_node_failed_and_another_stopped_fails_and_is_not_re
 def test_evaluation_whose_service_cannot_start_fails_at_once(cluster):
     done = evaluate(cluster, "--serve-index", str(cluster[0] / "no-index"), "--data", "d.jsonl")
     assert done.returncode == 2 and not (cluster[0] / "record.jsonl").exists()
-    assert "exited before answering" in done.stderr
+    assert "exited with status" in done.stderr and "before answering" in done.stderr
 
 
 def test_evaluation_wait_is_bounded(cluster):
@@ -524,3 +526,96 @@ def test_evaluation_wait_is_bounded(cluster):
     )
     assert done.returncode == 2 and not (cluster[0] / "record.jsonl").exists()
     assert str(url_file) in done.stderr and "never written" in done.stderr
+
+
+# The node runner's own rules ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "listed", "devices"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": "2,5"}, 8, ["2", "5"]),  # set by Slurm or the user: taken as it is
+        ({"CUDA_VISIBLE_DEVICES": "2,5", "SLURM_JOB_GPUS": "6,7"}, 2, ["2", "5"]),
+        ({"CUDA_VISIBLE_DEVICES": ""}, 8, None),  # set empty: no GPUs
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, 8, None),
+        ({"SLURM_JOB_GPUS": "4,6"}, 2, ["0", "1"]),  # the job's cgroup shows its 2 GPUs only: renumbered
+        ({"SLURM_JOB_GPUS": "4,6"}, 8, ["4", "6"]),  # every GPU visible: the physical ids
+        ({"SLURM_STEP_GPUS": "3", "SLURM_JOB_GPUS": "2,3"}, 1, ["0"]),  # the step's before the job's
+        ({}, 4, ["0", "1", "2", "3"]),  # no Slurm: every GPU nvidia-smi lists
+        ({}, 0, None),  # no GPU at all: one engine on the CPU
+    ],
+)
+def test_the_one_device_rule(env, listed, devices, monkeypatch):
+    import corag.cluster.node as node
+
+    monkeypatch.setattr(node, "_listed_gpus", lambda: listed)
+    assert node.visible_devices(env) == devices
+    assert node.engine_devices(devices, 1) == ([[d] for d in devices] if devices else [None])
+
+
+def test_usable_cpus_are_logged_and_fewer_than_asked_is_one_warning(capsys):
+    from corag.cluster.node import log_cpus
+
+    assert log_cpus({"SLURM_CPUS_PER_TASK": "2", "SLURMD_NODENAME": "node1"}, {0, 1}) == 2
+    assert capsys.readouterr().err == "node: 2 CPU(s) usable on node1 (0-1); the job asked 2 a task\n"
+    log_cpus({"SLURM_CPUS_PER_TASK": "64", "SLURMD_NODENAME": "node2"}, {0, 1, 2, 5})
+    assert capsys.readouterr().err.splitlines() == [
+        "node: 4 CPU(s) usable on node2 (0-2,5); the job asked 64 a task",
+        "node: warning: 4 CPU(s) usable here, fewer than the 64 the job asked (--cpus-per-task)",
+    ]
+
+
+def test_every_srun_passes_the_jobs_cpus_per_task():
+    from corag.cluster.node import srun
+
+    assert srun({"SLURM_CPUS_PER_TASK": "16"}, 2) == [
+        "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=16"
+    ]  # fmt: skip
+    assert "--cpus-per-task" not in " ".join(srun({}, 1))
+
+
+def runner(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return subprocess.run(
+        [sys.executable, "-m", "corag.cluster.node", *args],
+        env={**base, **(env or {})}, cwd=cwd or ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_bad_starts_of_the_runner_and_its_scripts_are_one_line(tmp_path):
+    """An unknown stage, training outside a Slurm job, a training script given an unknown recipe."""
+    done = runner("smaple", "x.yaml")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "corag node: error: field 'stage': no stage 'smaple': the node runner runs sample, evaluate, train, "
+        "serve, pool"
+    ]
+    done = runner("train", "sft", "ddp", "configs/sft/toy.yaml")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "not in a Slurm job (no SLURM_NNODES): submit it with sbatch --nodes=N" in done.stderr
+    script = subprocess.run(
+        ["bash", str(ROOT / "recipes" / "slurm_train.sh"), "dpo", "ddp", "configs/sft/toy.yaml"],
+        env={**os.environ, "PYTHON": sys.executable}, cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert script.returncode == 2
+    assert script.stderr.splitlines() == [
+        "corag node: error: field 'recipe': the recipe is sft or grpo, not 'dpo' (train "
+        "sft|grpo zero3|fsdp|ddp|ACCELERATE_YAML CONFIG [--serve-index INDEX] [recipe flags])"
+    ]
+
+
+def test_the_watchdog_ends_a_node_left_alive_after_the_others_ended(tmp_path, monkeypatch, capsys):
+    """Node 0 ended training (its mark, status 0); node 1's process never ends (a teardown deadlock): a
+    bounded time later the step is ended, with a line saying so, and the job ends as node 0 did."""
+    from corag.cluster.node import Children, watch_nodes
+
+    monkeypatch.setenv("CORAG_EXIT_WATCHDOG_SECONDS", "1")
+    (tmp_path / "ended-7-node0").write_text("0\n")
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    start = time.monotonic()
+    assert watch_nodes(Children(), hung, tmp_path, "7", 2) == 0
+    assert hung.poll() is not None and time.monotonic() - start < 60
+    assert capsys.readouterr().err.splitlines() == [
+        "node: watchdog: node(s) [1] still running 1 s after node(s) [0] ended training: ending them (a "
+        "process left alive at exit)"
+    ]

@@ -1,4 +1,4 @@
-"""python -m corag.commands.requeue: the batch shell passes Slurm's warning on to its command and requeues
+"""python -m corag.cluster.requeue: the batch shell passes Slurm's warning on to its command and requeues
 the job when the command stopped on it (exit status 75 or the mark file), at most CORAG_MAX_REQUEUES
 times; otherwise it exits as the command did. scontrol is a stub that records its arguments."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from corag.slurm import STOPPED
+from corag.cluster.stop import STOPPED
 
 # A command that waits for the warning signal, then writes the mark file as a torchelastic worker does
 # (exit 0: the mark says it stopped), or exits 75 as a single process does.
@@ -51,7 +51,7 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def requeue(*command: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "corag.commands.requeue", *command], cwd=cwd, capture_output=True, text=True
+        [sys.executable, "-m", "corag.cluster.requeue", *command], cwd=cwd, capture_output=True, text=True
     )
 
 
@@ -75,7 +75,7 @@ def test_a_stopped_command_requeues_the_job(job: Path):
 def warned_once_ready(job: Path, ready: Path, command: list[str]) -> tuple[int, str]:
     """The batch shell running `command`, sent Slurm's warning once `ready` exists: (status, stderr)."""
     shell = subprocess.Popen(
-        [sys.executable, "-m", "corag.commands.requeue", *command], cwd=job, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "corag.cluster.requeue", *command], cwd=job, stderr=subprocess.PIPE, text=True
     )
     while not ready.exists():
         assert shell.poll() is None, shell.stderr.read()
@@ -104,7 +104,7 @@ LATE = """
 trap '' USR1
 touch "$1"
 while [ ! -e "$CORAG_WARNED_FILE" ]; do sleep 0.05; done
-exec "$2" -c 'import sys; from corag.slurm import StopRequest; sys.exit(75 if StopRequest().received else 0)'
+exec "$2" -c 'import sys; from corag.cluster.stop import StopRequest; sys.exit(75 if StopRequest().received else 0)'
 """
 
 

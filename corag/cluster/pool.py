@@ -3,7 +3,7 @@ the round's sampler, loaded with the sampling config's engine settings, scores t
 again, and the best chain per question over the rounds becomes the round's training set
 (corag.iterate.pool_chains; the local launcher runs the same function in process).
 
-    python -m corag.commands.pool SAMPLING_CONFIG --model SAMPLER --questions Q --corpus C [--limit N] \
+    python -m corag.cluster.pool SAMPLING_CONFIG --model SAMPLER --questions Q --corpus C [--limit N] \
         --out POOL ROUND=CHAINS [ROUND=CHAINS ...]   # rounds oldest first; the last is the round's own
 
 The earlier chains' new scores go to POOL's `.scores.jsonl` file as they come: on Slurm's warning it stops
@@ -16,10 +16,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from corag.cluster.stop import StopRequest, stopped
 from corag.commands.sample import CONFIGS as SAMPLE_CONFIGS
 from corag.config import parse_config
 from corag.errors import InputError
-from corag.slurm import StopRequest, stopped
 
 
 @dataclass
