@@ -25,13 +25,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "models": (
         "corag.commands.models:main",
-        "convert the packaged SmolLM2-135M-Instruct into a checkpoint folder",
+        "the packaged SmolLM2-135M-Instruct as a checkpoint; fetch the configs' models into the cache",
     ),
     "index": ("corag.commands.index:main", "dense (encoded, sharded or imported) or BM25 index of a corpus"),
     "serve-retriever": ("corag.commands.serve_retriever:main", "serve an index over HTTP for many workers"),
     "plan": (
         "corag.commands.plan:main",
         "memory plan of a stage's config on some GPUs (refuses what cannot fit)",
+    ),
+    "smoke": (
+        "corag.commands.smoke:main",
+        "every stage small on this node with your configs, measured against the plan (smoke.json, smoke.md)",
     ),
     "predict": ("corag.commands.predict:main", "run a decoding strategy over a dataset"),
     "sample": ("corag.commands.sample:main", "rejection-sample chains (also sampling/sample.py)"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 from corag.data.jsonl import atomic_folder, file_sha256
 from corag.errors import InputError
@@ -72,3 +73,73 @@ def convert_smollm2(out: str | Path, source: Path | None = None) -> Path:
         }
         (tmp / SOURCE_RECORD).write_text(json.dumps(info, indent=1))
     return out
+
+
+# Models the configs name, fetched into the Hugging Face cache -----------------------------------------
+#
+# Compute nodes are often offline: `corag models fetch CONFIG...` on a login node downloads every model and
+# tokenizer the configs name into the cache (HF_HOME, or the default), and jobs then run with
+# HF_HUB_OFFLINE=1 and load them from it (corag.lm.hub refuses a name the cache lacks, naming this command).
+
+# Config keys that name a model or tokenizer; `index`/`retriever` folders named after an encoder preset
+# (data/index/e5-large-v2) name that encoder.
+MODEL_KEYS = ("model", "model_name_or_path", "tokenizer", "tokenizer_name_or_path")
+INDEX_KEYS = ("index", "retriever")
+# Top folders of the paths the cluster path's own commands write (runs/sft/..., data/index/...): not hub names.
+LOCAL_ROOTS = ("runs", "data", "models", "downloads", "logs")
+# Files a checkpoint folder does not need (other frameworks' weights, Meta's original consolidated files).
+FETCH_IGNORE = ["original/*", "*.pth", "*.gguf", "*.onnx", "onnx/*", "openvino/*", "*.msgpack", "*.h5",
+                "tf_model*", "flax_model*", "rust_model*", "*.ot"]  # fmt: skip
+
+
+def is_hub_name(name: str) -> bool:
+    """A hub repository id (`org/name`), not a folder here nor a path a stage of the cluster path writes."""
+    parts = name.split("/")
+    if Path(name).expanduser().exists() or len(parts) != 2 or not all(parts) or name.startswith((".", "~")):
+        return False
+    return parts[0] not in LOCAL_ROOTS
+
+
+def named_models(config: str | Path) -> list[str]:
+    """The hub models and tokenizers a config names (its `base:` included), in order, once each."""
+    from corag.config import load_yaml
+    from corag.retrieval.dense import MODEL_PRESETS
+
+    values = load_yaml(config)
+    names = [str(values[k]) for k in MODEL_KEYS if values.get(k)]
+    for key in INDEX_KEYS:  # an index folder named after its encoder
+        preset = Path(str(values.get(key) or "")).name
+        if preset in MODEL_PRESETS:
+            names.append(MODEL_PRESETS[preset][0])
+    return [n for n in dict.fromkeys(names) if is_hub_name(n)]
+
+
+def fetch_model(name: str, download: Any = None) -> Path:
+    """Download `name` (weights, config, tokenizer) into the Hugging Face cache; its snapshot folder.
+    `download` stands in for huggingface_hub.snapshot_download (same arguments)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    from corag.lm.hub import gated_hint
+
+    try:
+        return Path((download or snapshot_download)(name, ignore_patterns=FETCH_IGNORE))
+    except GatedRepoError:
+        raise InputError(
+            f"gated, and this login has no access{gated_hint(name)}", file=name, field="model"
+        ) from None
+    except RepositoryNotFoundError:
+        raise InputError(
+            "no such model on the hub (or a private one: `hf auth login`)", file=name, field="model"
+        ) from None
+    except LocalEntryNotFoundError:
+        raise InputError("the hub cannot be reached from here: fetch on a node with internet (a login node)",
+                         file=name, field="model") from None  # fmt: skip
+    except HfHubHTTPError as error:
+        message = " ".join(str(error).split())[:200]
+        raise InputError(f"download failed: {message}{gated_hint(name)}", file=name, field="model") from None

@@ -972,8 +972,8 @@ def estimate_wall_time(
         _wall_sft(wall, values, hw, gpus)
     elif stage == "grpo":
         _wall_grpo(wall, values, hw, gpus)
-    else:
-        wall.lines = ["a service runs as long as the stages it serves"]
+    elif stage == "serve":
+        _wall_encode(wall, values, hw, gpus)
     return wall
 
 
@@ -1090,3 +1090,69 @@ def _wall_grpo(wall: WallTime, values: dict[str, Any], hw: Hardware, gpus: int) 
         f"steps, the final answer and the stop decisions) = {total / 1e9:.2f}B tokens, sampled at "
         f"{rollout:,.0f} and trained at {trained:,.0f} tokens/s per GPU over {gpus} GPUs"
     ]
+
+
+# Passages a second one GPU encodes with E5-large-v2 (335M parameters, passages of ~100 tokens, fp16): about
+# 2 x 335M x 100 = 67 GFLOPs a passage, at 15% of an H100's 989 TFLOPS (short sequences, batch 256) ~2,200;
+# 2,000 taken. 35.7M passages then take 37 minutes on 8 GPUs (the issue's known rates: 25-50).
+ENCODE_PASSAGES_PER_S = 2_000
+
+
+def _wall_encode(wall: WallTime, values: dict[str, Any], hw: Hardware, gpus: int) -> None:
+    """A dense index's encoding (`corag index --shard i --num-shards n`, one process per GPU; the
+    service itself runs as long as the stages it serves)."""
+    rows, _, source = index_size(values.get("index"))
+    if rows == 0:
+        wall.lines = ["a service runs as long as the stages it serves (a BM25 index is built on a CPU)"]
+        return
+    wall.seconds = rows / (ENCODE_PASSAGES_PER_S * gpus)
+    wall.lines = [
+        f"encoding the index: {rows:,} passages ({source}) at {ENCODE_PASSAGES_PER_S:,} passages/s per GPU "
+        f"over {gpus} GPUs (one `corag index --shard` each); the service then runs as long as the stages it serves"
+    ]
+
+
+# What each stage's wall time rests on, by rate: the smoke's measured figure replaces it (calibrate).
+CALIBRATED = {
+    "sample": ("tokens_per_s_per_engine", "metered tokens/s per engine"),
+    "evaluate": ("tokens_per_s_per_engine", "metered tokens/s per engine"),
+    "sft": ("tokens_per_s_per_gpu", "trained tokens/s per GPU"),
+    "grpo": ("grpo_tokens_per_s_per_gpu", "GRPO tokens/s per GPU (rollouts and training)"),
+    "serve": ("passages_per_s_per_gpu", "passages/s encoded per GPU"),
+}
+
+
+def assumed_rate(stage: str, values: dict[str, Any], hw: Hardware) -> float | None:
+    """The rate the plan assumes for `stage` (the figure a measured one replaces)."""
+    if stage in ("sample", "evaluate"):
+        return engine_rate(model_shape(str(values.get("model"))), hw)
+    shape = _trained_model(values) if stage in ("sft", "grpo") else None
+    if stage == "sft":
+        return train_rate(shape, hw, values)
+    if stage == "grpo":  # a step samples, then trains, the same tokens
+        rollout, trained = engine_rate(shape, hw), train_rate(shape, hw, values)
+        return 1 / (1 / rollout + 1 / trained) if rollout and trained else None
+    return ENCODE_PASSAGES_PER_S if stage == "serve" else None
+
+
+def calibrate_wall_time(
+    stage: str, values: dict[str, Any], hw: Hardware, wall: WallTime, measured: dict[str, float], where: str
+) -> WallTime:
+    """`wall` with the smoke's measured rate of `stage` in place of the assumed one (the time scales as
+    assumed / measured), each figure marked measured or assumed."""
+    if wall.seconds is None or stage not in CALIBRATED:
+        return wall
+    key, what = CALIBRATED[stage]
+    assumed = assumed_rate(stage, values, hw)
+    rate = measured.get(key)
+    if not rate or not assumed:
+        wall.lines.append(f"assumed: {what} (the smoke measured none)")
+        return wall
+    wall.seconds *= assumed / rate
+    wall.lines.append(
+        f"measured: {rate:,.0f} {what} ({where}) in place of the assumed {assumed:,.0f}; the stage's other "
+        "figures (tokens per question, per chain, per example) are assumed"
+    )
+    if stage == "sft" and measured.get("mfu"):
+        wall.lines.append(f"measured: MFU {measured['mfu']:.1%} in place of the assumed {MFU:.0%}")
+    return wall

@@ -52,6 +52,7 @@ LAYERS = [
         "corag.models",
         "corag.plan",
         "corag.cluster.rounds",
+        "corag.smoke",
     ],
     ["corag.toy"],
     ["corag.commands", "corag.cli", "corag.options", "corag.recipes"],

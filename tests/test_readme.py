@@ -89,7 +89,8 @@ def test_the_simulated_cluster_run_submits_what_the_pages_show(page: Path) -> No
     shown = sbatch_commands(bash_blocks(page))
     run = sbatch_commands((REPO / "tests" / "slurm" / "run.sh").read_text())
     assert {script for script, _ in shown} == {
-        "sampling/slurm_array.sh", "recipes/slurm_train.sh", "evaluation/slurm_eval.sh"
+        "sampling/slurm_array.sh", "recipes/slurm_train.sh", "evaluation/slurm_eval.sh", "sampling/slurm_smoke.sh",
+        "sampling/slurm_encode.sh",
     }  # fmt: skip
     for script, flags in shown:
         assert any(s == script and flags <= f for s, f in run), (page.name, script, flags)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.merge:
             out = merge_dense(corpus, out, args.skip_empty)
         else:
+            started = time.perf_counter()
             out = build_dense(
                 corpus,
                 out,
@@ -199,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.num_shards,
                 args.skip_empty,
             )
+            print(f"encoding took {time.perf_counter() - started:.1f} s (encoder loaded before)")
             if args.num_shards > 1:
                 return 0
         print(f"dense index of {len(corpus)} passages written to {out}")

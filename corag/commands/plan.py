@@ -28,6 +28,7 @@ from corag.plan import (
     STAGES,
     Hardware,
     WallTime,
+    calibrate_wall_time,
     card_memory,
     detect_stage,
     estimate_wall_time,
@@ -37,6 +38,7 @@ from corag.plan import (
     read_header,
     script_limit,
 )
+from corag.smoke import memory_flags, read_smoke
 
 # stage -> the config dataclasses its command or recipe parses ("module:attribute", imported when planned)
 STAGE_CONFIGS: dict[str, str] = {
@@ -76,6 +78,11 @@ class PlanArgs:
         metadata={"help": "the job's time limit, as sbatch takes it (default: the stage's launch script's "
         "#SBATCH --time)"},
     )  # fmt: skip
+    calibrate: str | None = field(
+        default=None,
+        metadata={"help": "smoke.json of a `corag smoke` that ran this config: its measured rates replace "
+        "the assumed ones in the wall time, and a stage whose memory passed its plan by more than a tenth is named"},
+    )  # fmt: skip
     data: list[str] | None = field(
         default=None,
         metadata={"action": "extend", "help": "evaluation: the question files of the job (as "
@@ -92,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return plan_iterate(args)
     stage = args.stage or detect_stage(load_yaml(args.config_file), args.config_file)
     values = stage_values(stage, args.config_file, args.model)
+    smoke = read_smoke(args.calibrate, args.config_file) if args.calibrate else None
     header, service = read_header(args.config_file)
     hw = header or Hardware()
     if args.gpus is not None or args.gpu_memory is not None:
@@ -110,6 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     print(plan.table())
     plan.check()
     wall = wall_time(stage, values, hw, args)
+    if smoke is not None:
+        ran, result, record = smoke
+        measured = result.get("rates", {}) if ran == stage else {}
+        where = f"corag smoke on {record.get('device', '?')}, {result.get('seconds', 0):.0f} s"
+        wall = calibrate_wall_time(stage, values, hw, wall, measured, where)
+        print(
+            memory_flags(record["stages"]) or "memory: no stage of the smoke passed its plan by more than 10%"
+        )
     if wall.seconds is not None:
         print("\n".join(f"- {line}" for line in wall.lines))
     print(wall.verdict())

@@ -178,6 +178,8 @@ def job_env(options: dict[str, str], job_id: int, submit_dir: str) -> dict[str, 
         SLURM_PROCID="0",
         SLURM_JOB_NAME=options.get("--job-name", "job"),
     )
+    if "--ntasks" in options or "--ntasks-per-node" in options:  # as sbatch sets it for the job's steps
+        env["SLURM_NTASKS"] = options.get("--ntasks") or str(nodes * int(options["--ntasks-per-node"]))
     if "--cpus-per-task" in options:
         env["SLURM_CPUS_PER_TASK"] = options["--cpus-per-task"]
     gpus = options.get("--gpus-per-node") or options.get("--gpus")

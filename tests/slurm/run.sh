@@ -166,4 +166,18 @@ if [[ "${CORAG_SLURM:-}" == real ]]; then  # the partition's nodes, as sinfo lis
   test "$(wc -l < refused-time.txt)" = 1
   grep -q -- "--time=02:00:00 asks 2 h, over partition 'short''s time limit of 1 h" refused-time.txt
 fi
+step "9. the smoke job (its first stages; tests/commands/test_smoke.py runs every one) and an encoding job"
+sbatch --wait --gpus-per-node=1 --cpus-per-task=1 --mem=4G sampling/slurm_smoke.sh --small --out_dir runs/smoke \
+  --stages weights data encode serve --minutes 20
+grep -q "smoke: 4 ok, 0 failed, 0 skipped" corag-smoke-*.out
+grep -q "| serve | ok |" runs/smoke/smoke.md
+# 2 tasks, each encoding its half of the chunks, then the merge: the index a one-process build writes
+sbatch --wait --ntasks=2 --gpus-per-task=1 --cpus-per-task=1 --mem=4G \
+  sampling/slurm_encode.sh data/toy/corpus.jsonl data/index/toy-encoded minilm --chunk_size 16
+test "$(ls logs/encode-*-shard*.log | wc -l)" = 2
+python - << 'EOF'
+import json
+encoded, built = (json.load(open(f"data/index/{name}/manifest.json")) for name in ("toy-encoded", "toy"))
+assert encoded["complete"] and encoded["corpus"] == built["corpus"], (encoded, built)
+EOF
 step "done: the cluster path ran end to end in $work"

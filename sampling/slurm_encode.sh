@@ -1,0 +1,1 @@
+../corag/cluster/scripts/slurm_encode.sh

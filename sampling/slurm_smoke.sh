@@ -1,0 +1,1 @@
+../corag/cluster/scripts/slurm_smoke.sh
