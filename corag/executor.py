@@ -111,31 +111,30 @@ class Context:
 
     async def score(self, request: ScoreRequest, *, final: bool = False) -> Score:
         """Log-probabilities of `request.target`, charged to this question (prompt plus target)."""
-        worst = 0
-        if self.meter.budget is not None:
-            worst = self.lm.count_score_tokens(request)
-            self.meter.check(worst, final=final)
-        self.meter.pending += worst
-        try:
-            result: Score = await self._call(_Op("score", request))
-        finally:
-            self.meter.pending -= worst
-        self.meter.charge(result.usage)
-        return result
+        return await self._charged(_Op("score", request), lambda: self.lm.count_score_tokens(request), final)
 
     async def score_choices(self, request: ChoiceRequest) -> Choices:
         """Each of `request.targets` scored after one prompt, in one call charged to this question: the
         prompt once plus every target."""
-        worst = 0
-        if self.meter.budget is not None:
+
+        def worst() -> int:
             shared = self.lm.count_prompt_tokens(request.messages)
-            worst = shared + sum(self.lm.count_score_tokens(r) - shared for r in request.score_requests())
-            self.meter.check(worst)
-        self.meter.pending += worst
+            return shared + sum(self.lm.count_score_tokens(r) - shared for r in request.score_requests())
+
+        return await self._charged(_Op("choices", request), worst)
+
+    async def _charged(self, op: _Op, worst: Callable[[], int], final: bool = False) -> Any:
+        """`op`'s result, refused before it starts when its worst cost could pass the budget (`final`: it
+        may use the reserve); what it cost is charged to this question."""
+        cost = 0
+        if self.meter.budget is not None:
+            cost = worst()
+            self.meter.check(cost, final=final)
+        self.meter.pending += cost
         try:
-            result: Choices = await self._call(_Op("choices", request))
-        finally:
-            self.meter.pending -= worst
+            result = await self._call(op)
+        finally:  # also when the call is cancelled by a failing sibling in a gather
+            self.meter.pending -= cost
         self.meter.charge(result.usage)
         return result
 
