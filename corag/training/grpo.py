@@ -503,7 +503,7 @@ class ChainGRPOTrainer(GRPOTrainer):
         widest and holding at most `logprob_batch_tokens` tokens, as the transformers backend batches;
         every process makes the same number of forwards (ZeRO-3 gathers weights in each), its last ones
         on its shortest row if it has fewer chunks. `self.logprob_forwards` counts them."""
-        prompt, completion = batch["prompt_mask"].sum(1), batch["completion_mask"].clamp(min=1).sum(1)
+        prompt, completion = batch["prompt_mask"].sum(1), batch["completion_mask"].sum(1).clamp(min=1)
         keep = batch["completion_ids"].size(1)
         chunks = row_chunks((prompt + completion).tolist(), self.rollout_config.logprob_batch_tokens)
         device = batch["prompt_ids"].device
