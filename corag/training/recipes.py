@@ -128,14 +128,17 @@ def check_instance(trainer: Any, names: Sequence[str]) -> None:
 
 
 def device_flags(argv: list[str]) -> list[str]:
-    """`argv` with bf16 off where the device lacks it (configs written for GPUs also run, in fp32, on CPU)
-    and `--use_cpu true` without a GPU (DDP over gloo needs it on several CPU processes, else each trains
-    alone; bf16 autocast on a CPU needs it too), unless the command line says either itself."""
+    """`argv` with bf16 off where the device lacks it (configs written for GPUs also run, in fp32, on CPU),
+    and `--use_cpu true` without a GPU where it matters: several processes (DDP over gloo needs it, else
+    each process trains alone) or bf16 asked for on a CPU (autocast needs it). The command line's own
+    `--bf16` or `--use_cpu` is kept."""
     argv = list(argv)
     if not is_torch_bf16_gpu_available() and "--bf16" not in argv:
         logger.warning("bf16 is not available on this device; training in fp32")
         argv += ["--bf16", "false"]
-    if not torch.cuda.is_available() and "--use_cpu" not in argv:
+    bf16_on_cpu = "--bf16" in argv and argv[argv.index("--bf16") + 1 :][:1] == ["true"]
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if (several or bf16_on_cpu) and not torch.cuda.is_available() and "--use_cpu" not in argv:
         argv += ["--use_cpu", "true"]
     return argv
 
