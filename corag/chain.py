@@ -18,7 +18,16 @@ from corag import tasks
 from corag.budget import BudgetExceeded
 from corag.errors import InputError
 from corag.executor import Context
-from corag.lm.base import LM, Completion, GenerationRequest, Message, Sample, Score, ScoreRequest
+from corag.lm.base import (
+    LM,
+    ChoiceRequest,
+    Completion,
+    GenerationRequest,
+    Message,
+    Sample,
+    Score,
+    ScoreRequest,
+)
 from corag.prompts import (
     ANSWER_MAX_NEW_TOKENS,
     FINAL_NUM_DOCS,
@@ -261,43 +270,50 @@ async def penalty(ctx: Context, query: str, steps: Sequence[Step]) -> float:
     return (await ctx.score(request)).mean
 
 
+# The stop decision is read from the model's own distribution (temperature 1) wherever it is taken:
+# evaluation takes the likelier turn, a rollout draws Yes with its share. One rule, so the decision
+# training samples is the one evaluation takes, and vLLM's prompt log-probabilities (the model's own) give it.
+STOP_TEMPERATURE = 1.0
+
+
 async def should_stop(ctx: Context, query: str, steps: Sequence[Step], task_desc: str, bias: float) -> bool:
     """Learned stop: True when log P(Yes) + bias > log P(No) for the stop prompt.
 
-    Both answers are scored as whole assistant turns (content and end-of-turn token) in one batched
-    forward pass each. Picking the likelier of the two is the same as decoding with the output
-    constrained to the two answers and a logit bias `bias` added to "Yes"; larger bias stops earlier.
+    Both answers are scored as whole assistant turns (content and end-of-turn token) in one call, its
+    prompt metered once (`stop_scores`). Picking the likelier of the two is the same as decoding with the
+    output constrained to the two answers and a logit bias `bias` added to "Yes"; larger bias stops earlier.
     """
     _, yes, no = await stop_scores(ctx, query, steps, task_desc)
     return sum(yes.logprobs) + bias > sum(no.logprobs)
 
 
 async def stop_scores(
-    ctx: Context, query: str, steps: Sequence[Step], task_desc: str, temperature: float = 1.0
+    ctx: Context, query: str, steps: Sequence[Step], task_desc: str
 ) -> tuple[tuple[Message, ...], Score, Score]:
-    """The stop prompt (as scored) and its Yes and No turns' scores at `temperature`, in one batch."""
+    """The stop prompt (as scored) and its Yes and No turns' scores at STOP_TEMPERATURE: one call, as
+    the paper's decision is one call, metered at the prompt once plus the two turns."""
     messages = stop_messages(query, steps, task_desc, tok=ctx.lm)
-    yes_request, no_request = (
-        scoring_request(ctx.lm, messages, target, temperature) for target in (STOP_YES, STOP_NO)
-    )
-    yes, no = await ctx.gather(ctx.score(yes_request), ctx.score(no_request))
-    return yes_request.messages, yes, no
+    room = max(ctx.lm.count_score_tokens(ScoreRequest(tuple(messages), t)) for t in (STOP_YES, STOP_NO))
+    fitted = tuple(fit_context(ctx.lm, messages, max(room - ctx.lm.count_prompt_tokens(messages), 0)))
+    choices = await ctx.score_choices(ChoiceRequest(fitted, (STOP_YES, STOP_NO), STOP_TEMPERATURE))
+    yes, no = choices.scores
+    return fitted, yes, no
 
 
 async def stop_choice(
-    ctx: Context, query: str, steps: Sequence[Step], task_desc: str, temperature: float, seed: int | None
+    ctx: Context, query: str, steps: Sequence[Step], task_desc: str, sample: bool, seed: int | None
 ) -> bool:
-    """Learned stop as the policy's sampled decision (reinforcement learning samples it): the two answers
-    of `should_stop`, Yes and No, scored as whole turns at `temperature`, and Yes drawn with its share of
-    the two turns' probabilities. Greedy decoding's `should_stop` (bias 0) takes the likelier of the same
-    two turns, so what training samples is what evaluation decides; at temperature 0 this is should_stop.
+    """The learned stop as the policy's decision: with `sample` (a rollout), Yes drawn with its share of the
+    two turns' probabilities; without, the likelier turn (`should_stop` at bias 0, as greedy decoding
+    takes it). Both read the same one-call scores at STOP_TEMPERATURE, so what training samples is what
+    evaluation decides.
 
-    With `ctx.trace` kept, the chosen turn enters it as a sampled generation: its prompt's and its own
-    ids, as scored, their log-probabilities at `temperature`, and the tokens both scores cost.
+    With `ctx.trace` kept, a drawn decision enters it as a sampled generation: its prompt's and the chosen
+    turn's ids, as scored, their log-probabilities, and the one call's tokens.
     """
-    if temperature <= 0:
+    if not sample:
         return await should_stop(ctx, query, steps, task_desc, 0.0)
-    prompt, yes, no = await stop_scores(ctx, query, steps, task_desc, temperature)
+    prompt, yes, no = await stop_scores(ctx, query, steps, task_desc)
     p_yes = 1.0 / (1.0 + math.exp(min(sum(no.logprobs) - sum(yes.logprobs), 700.0)))  # 700: exp's range
     stop = random.Random(seed).random() < p_yes
     if ctx.trace is not None:
@@ -306,11 +322,12 @@ async def stop_choice(
             raise InputError(
                 "this backend does not return the scored ids a trained stop decision needs", field="lm"
             )
-        sample = Sample(chosen.prompt_ids, chosen.token_ids, chosen.logprobs)
+        sample_ids = Sample(chosen.prompt_ids, chosen.token_ids, chosen.logprobs)
         request = GenerationRequest(
-            prompt, len(chosen.token_ids), temperature=temperature, seed=seed, logprobs=True
+            prompt, len(chosen.token_ids), temperature=STOP_TEMPERATURE, seed=seed, logprobs=True
         )
-        ctx.trace.append((request, Completion((text,), yes.usage + no.usage, (sample,))))  # what it cost
+        usage = Usage(len(chosen.prompt_ids) + len(yes.logprobs) + len(no.logprobs), 0, 1)  # the one call
+        ctx.trace.append((request, Completion((text,), usage, (sample_ids,))))
     return stop
 
 

@@ -34,14 +34,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from corag.budget import Meter
-from corag.lm.base import LM, Completion, GenerationRequest, Score, ScoreRequest
+from corag.lm.base import LM, ChoiceRequest, Choices, Completion, GenerationRequest, Score, ScoreRequest
 from corag.retrieval.base import Retriever
 from corag.types import Hit
+
+# The LM method of each kind of model call (its asynchronous engine's: the name with an "a" before it).
+MODEL_CALLS = {"generate": "generate", "score": "score", "choices": "score_choices"}
 
 
 @dataclass
 class _Op:
-    """A pending call: "generate", "score" or "search", with its payload."""
+    """A pending call: "generate", "score", "choices" or "search", with its payload."""
 
     kind: str
     payload: Any
@@ -108,15 +111,30 @@ class Context:
 
     async def score(self, request: ScoreRequest, *, final: bool = False) -> Score:
         """Log-probabilities of `request.target`, charged to this question (prompt plus target)."""
-        worst = 0
+        return await self._charged(_Op("score", request), lambda: self.lm.count_score_tokens(request), final)
+
+    async def score_choices(self, request: ChoiceRequest) -> Choices:
+        """Each of `request.targets` scored after one prompt, in one call charged to this question: the
+        prompt once plus every target."""
+
+        def worst() -> int:
+            shared = self.lm.count_prompt_tokens(request.messages)
+            return shared + sum(self.lm.count_score_tokens(r) - shared for r in request.score_requests())
+
+        return await self._charged(_Op("choices", request), worst)
+
+    async def _charged(self, op: _Op, worst: Callable[[], int], final: bool = False) -> Any:
+        """`op`'s result, refused before it starts when its worst cost could pass the budget (`final`: it
+        may use the reserve); what it cost is charged to this question."""
+        cost = 0
         if self.meter.budget is not None:
-            worst = self.lm.count_score_tokens(request)
-            self.meter.check(worst, final=final)
-        self.meter.pending += worst
+            cost = worst()
+            self.meter.check(cost, final=final)
+        self.meter.pending += cost
         try:
-            result: Score = await self._call(_Op("score", request))
-        finally:
-            self.meter.pending -= worst
+            result = await self._call(op)
+        finally:  # also when the call is cancelled by a failing sibling in a gather
+            self.meter.pending -= cost
         self.meter.charge(result.usage)
         return result
 
@@ -188,7 +206,7 @@ class Batcher:
 
     def call_model(self, kind: str, payloads: list[Any]) -> list[Any]:
         """One batched `generate` or `score` call over the requests not already answered."""
-        call = self.lm.generate if kind == "generate" else self.lm.score
+        call = getattr(self.lm, MODEL_CALLS[kind])
         plan = self.plan(kind, payloads)
         return self.settle(plan, call(plan.sent) if plan.sent else [])
 
@@ -234,6 +252,8 @@ class Batcher:
     def _prompt_tokens(self, kind: str, payload: Any) -> int:
         if kind == "generate":
             return self.lm.count_prompt_tokens(payload.messages)
+        if kind == "choices":
+            return sum(self.lm.count_score_tokens(r) for r in payload.score_requests())
         return self.lm.count_score_tokens(payload)
 
     def search(self, payloads: list[tuple[str, int]]) -> list[list[Hit]]:
@@ -399,11 +419,14 @@ class Executor:
         return resumed
 
 
-def _request_key(request: GenerationRequest | ScoreRequest) -> str | None:
+def _request_key(request: GenerationRequest | ScoreRequest | ChoiceRequest) -> str | None:
     """What makes two requests give the same result, or None when they need not (unseeded sampling)."""
     if isinstance(request, ScoreRequest):
         fields = [request.messages, request.target, request.temperature]
         return json.dumps(["score", *fields], sort_keys=True, ensure_ascii=False)
+    if isinstance(request, ChoiceRequest):
+        fields = [request.messages, request.targets, request.temperature]
+        return json.dumps(["choices", *fields], sort_keys=True, ensure_ascii=False)
     greedy = request.temperature <= 0
     if not greedy and request.seed is None:
         return None
@@ -502,7 +525,7 @@ class AsyncExecutor(Executor):
         return await self._queues[op.kind].submit(op.payload)
 
     def _model_call(self, kind: str) -> Callable[[list[Any]], Awaitable[list[Any]]]:
-        engine = getattr(self.lm, "agenerate" if kind == "generate" else "ascore", None)
+        engine = getattr(self.lm, "a" + MODEL_CALLS[kind], None)
         if engine is not None:  # an asynchronous engine: awaited here, batches overlap
 
             async def submit(payloads: list[Any]) -> list[Any]:
@@ -550,6 +573,7 @@ class AsyncExecutor(Executor):
         self._queues = {
             "generate": _Queue(self._model_call("generate"), overlap),
             "score": _Queue(self._model_call("score"), overlap),
+            "choices": _Queue(self._model_call("choices"), overlap),
             "search": _Queue(lambda payloads: asyncio.to_thread(self.batcher.search, payloads)),
         }
         slots = asyncio.Semaphore(self.max_active)

@@ -84,22 +84,62 @@ def test_should_stop_compares_yes_plus_bias_with_no(lm):
             lambda ctx, bias=bias: chain.should_stop(ctx, QUERY, STEPS, "answer multi-hop questions", bias),
         )
         assert decision is expected
-        assert ctx.meter.usage.calls == 2
+        assert ctx.meter.usage.calls == 1
+
+
+class ScoreCalls(WrappedLM):
+    """Counts the backend's scoring batches and the requests in them."""
+
+    def __init__(self, lm):
+        super().__init__(lm)
+        self.batches = []
+
+    def score(self, requests):
+        self.batches.append(len(requests))
+        return self.lm.score(requests)
+
+
+def test_the_stop_decision_is_one_call_metered_at_its_prompt_once(lm):
+    """Both turns scored by one backend call, charged as one call: the prompt's tokens once plus each
+    turn's (content and end of turn), the scores those of two separate scorings."""
+    task = "answer multi-hop questions"
+    counted = ScoreCalls(lm)
+    _, ctx = one(counted, lambda ctx: chain.should_stop(ctx, QUERY, STEPS, task, 0.0))
+    assert counted.batches == [2]
+    messages = tuple(stop_messages(QUERY, STEPS, task))
+    yes, no = lm.score([ScoreRequest(messages, "Yes"), ScoreRequest(messages, "No")])
+    prompt = len(yes.prompt_ids)
+    assert prompt == len(no.prompt_ids) == lm.count_prompt_tokens(messages)
+    assert ctx.meter.usage == Usage(prompt + len(yes.token_ids) + len(no.token_ids), 0, 1)
+    assert ctx.meter.usage.total < yes.usage.total + no.usage.total - prompt // 2  # not two prompts
+    got = one(lm, lambda ctx: chain.stop_scores(ctx, QUERY, STEPS, task))[0]
+    assert got[1].logprobs == pytest.approx(yes.logprobs) and got[2].logprobs == pytest.approx(no.logprobs)
+    # a budget sees the same one call: it fits exactly, and one token less refuses it
+    total = ctx.meter.usage.total
+    assert (
+        one(lm, lambda ctx: chain.should_stop(ctx, QUERY, STEPS, task, 0.0), budget=total)[
+            1
+        ].meter.usage.total
+        == total
+    )
+    with pytest.raises(BudgetExceeded):
+        one(lm, lambda ctx: chain.should_stop(ctx, QUERY, STEPS, task, 0.0), budget=total - 1)
 
 
 def test_the_sampled_stop_draws_yes_with_its_share_of_the_two_turns(lm):
-    """stop_choice (reinforcement learning's stop) draws from the distribution should_stop (bias 0) takes
-    the likelier side of: at temperature 0 it is should_stop; at T, Yes comes with probability
-    P_T(Yes) / (P_T(Yes) + P_T(No)), the two turns scored at T."""
-    task, heat = "answer multi-hop questions", 3.0
-    greedy, _ = one(lm, lambda ctx: chain.stop_choice(ctx, QUERY, STEPS, task, 0.0, 1))
+    """stop_choice (reinforcement learning's stop) draws from the very scores should_stop (bias 0) takes
+    the likelier side of, at the model's own temperature: Yes comes with probability
+    P(Yes) / (P(Yes) + P(No)); not sampled, it is should_stop."""
+    task = "answer multi-hop questions"
+    greedy, _ = one(lm, lambda ctx: chain.stop_choice(ctx, QUERY, STEPS, task, False, 1))
     assert greedy is one(lm, lambda ctx: chain.should_stop(ctx, QUERY, STEPS, task, 0.0))[0]
     messages = tuple(stop_messages(QUERY, STEPS, task))
-    yes, no = lm.score([ScoreRequest(messages, "Yes", heat), ScoreRequest(messages, "No", heat)])
+    yes, no = lm.score([ScoreRequest(messages, "Yes"), ScoreRequest(messages, "No")])
     p_yes = 1 / (1 + math.exp(sum(no.logprobs) - sum(yes.logprobs)))
+    assert greedy is (p_yes > 0.5)
     n = 400
     ex = Executor(lm, None)
-    draws = ex.run([chain.stop_choice(ex.context(), QUERY, STEPS, task, heat, seed) for seed in range(n)])
+    draws = ex.run([chain.stop_choice(ex.context(), QUERY, STEPS, task, True, seed) for seed in range(n)])
     assert 0.02 < p_yes < 0.98  # a decision with both sides in play
     assert abs(sum(draws) / n - p_yes) < 4 * math.sqrt(p_yes * (1 - p_yes) / n) + 1e-9
 

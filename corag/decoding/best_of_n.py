@@ -33,7 +33,7 @@ async def best_of_n(
     if n < 1:
         raise InputError(f"the number of chains N must be 1 or more, got {n}", field="n")
     question = await open_question(ctx, example, corpus, task_desc, docs, final_docs, limits)
-    chains = await ctx.gather(
+    grown = await ctx.gather(
         *(
             sample_chain(
                 ctx,
@@ -46,6 +46,7 @@ async def best_of_n(
             for i in range(n)
         )
     )
+    chains = [g.steps for g in grown]
     penalties = await ctx.gather(*(safe_penalty(ctx, question.query, chain) for chain in chains))
     scored = [i for i, p in enumerate(penalties) if p is not None]
     best = min(scored, key=lambda i: penalties[i]) if scored else 0

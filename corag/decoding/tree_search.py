@@ -56,7 +56,7 @@ async def rollout_score(
             for r in range(ROLLOUTS)
         )
     )
-    penalties = await ctx.gather(*(safe_penalty(ctx, question.query, chain) for chain in rollouts))
+    penalties = await ctx.gather(*(safe_penalty(ctx, question.query, g.steps) for g in rollouts))
     scored = [p for p in penalties if p is not None]
     return mean(scored) if scored else None
 

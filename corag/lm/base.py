@@ -87,6 +87,45 @@ class Score:
         return sum(self.logprobs) / len(self.logprobs)
 
 
+@dataclass(frozen=True)
+class ChoiceRequest:
+    """Score each of `targets` as the assistant turn that follows `messages`, in one call: the prompt is
+    read once and metered once (the paper's stop decision: Yes or No, one call)."""
+
+    messages: tuple[Message, ...]
+    targets: tuple[str, ...]
+    temperature: float = 1.0
+
+    def score_requests(self) -> list[ScoreRequest]:
+        return [ScoreRequest(self.messages, target, self.temperature) for target in self.targets]
+
+
+@dataclass(frozen=True)
+class Choices:
+    """The scores of a ChoiceRequest's targets, in its order, and what the one call cost: the prompt's
+    tokens once plus every target's."""
+
+    scores: tuple[Score, ...]
+    usage: Usage
+
+
+def choice_scores(requests: Sequence[ChoiceRequest]) -> list[ScoreRequest]:
+    """Every target of every choice request as a score request, in order: one backend `score` batch."""
+    return [score for request in requests for score in request.score_requests()]
+
+
+def fold_choices(requests: Sequence[ChoiceRequest], scores: Sequence[Score]) -> list[Choices]:
+    """The scores of `choice_scores(requests)` back into one Choices a request, each metered as one call:
+    its prompt's ids once (the targets share them) and each target's ids."""
+    out, at = [], 0
+    for request in requests:
+        own = tuple(scores[at : at + len(request.targets)])
+        at += len(own)
+        prompt = own[0].usage.total - len(own[0].logprobs)  # a score meters its prompt and its target
+        out.append(Choices(own, Usage(prompt + sum(len(s.logprobs) for s in own), 0, 1)))
+    return out
+
+
 def check_model_temperature(requests: Sequence[ScoreRequest], backend: str) -> None:
     """Refuse scoring at a temperature other than 1 where the backend reads the model's own log-probabilities
     (prompt log-probabilities come before any sampling parameter)."""
@@ -103,6 +142,10 @@ class LM(Protocol):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]: ...
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Score]: ...
+
+    def score_choices(self, requests: Sequence[ChoiceRequest]) -> list[Choices]:
+        """Each request's targets scored in one call, its prompt metered once (`fold_choices`)."""
+        ...
 
     def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
         """Tokens of the rendered prompt, generation prompt included (what `generate` charges)."""
@@ -136,6 +179,10 @@ class WrappedLM:
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Score]:
         return self.lm.score(requests)
+
+    def score_choices(self, requests: Sequence[ChoiceRequest]) -> list[Choices]:
+        """Through this wrapper's own `score`, so a subclass that changes scores changes these too."""
+        return fold_choices(requests, self.score(choice_scores(requests)))
 
     def count_prompt_tokens(self, messages: Sequence[Message]) -> int:
         return self.lm.count_prompt_tokens(messages)

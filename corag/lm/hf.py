@@ -27,11 +27,15 @@ from transformers import (
 from corag.lm.base import (
     MAX_BATCH_TOKENS,
     SYSTEM_DEFAULT,
+    ChoiceRequest,
+    Choices,
     Completion,
     GenerationRequest,
     Sample,
     Score,
     ScoreRequest,
+    choice_scores,
+    fold_choices,
 )
 from corag.lm.render import ChatRenderer, CountingLM
 from corag.types import Usage
@@ -312,6 +316,10 @@ class HFLM(CountingLM):
                     tuple(logprobs), Usage(len(ids), 0, 1), tuple(ids[:start]), tuple(ids[start:])
                 )
         return results
+
+    def score_choices(self, requests: Sequence[ChoiceRequest]) -> list[Choices]:
+        """Each request's targets scored in the one `score` batch, its prompt metered once."""
+        return fold_choices(requests, self.score(choice_scores(requests)))
 
     @torch.inference_mode()
     def _score_batch(

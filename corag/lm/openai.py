@@ -31,11 +31,15 @@ from transformers import AutoConfig, AutoTokenizer
 from corag.errors import InputError
 from corag.lm.base import (
     SYSTEM_DEFAULT,
+    ChoiceRequest,
+    Choices,
     Completion,
     GenerationRequest,
     Score,
     ScoreRequest,
     check_model_temperature,
+    choice_scores,
+    fold_choices,
 )
 from corag.lm.hf import completion_text, context_error, sample_seed, stop_index
 from corag.lm.render import ChatRenderer, CountingLM
@@ -177,6 +181,10 @@ class OpenAILM(CountingLM):
                 Score(tuple(logprobs[start:]), Usage(len(ids), 0, 1), tuple(ids[:start]), tuple(ids[start:]))
             )
         return scores
+
+    def score_choices(self, requests: Sequence[ChoiceRequest]) -> list[Choices]:
+        """Each request's targets scored in the one `score` batch, its prompt metered once."""
+        return fold_choices(requests, self.score(choice_scores(requests)))
 
     def _score_body(self, ids: Sequence[int]) -> dict:
         body = {"model": self.model_name, "prompt": list(ids), "max_tokens": 1, "temperature": 0.0}

@@ -18,12 +18,16 @@ from transformers import AutoTokenizer
 
 from corag.lm.base import (
     SYSTEM_DEFAULT,
+    ChoiceRequest,
+    Choices,
     Completion,
     GenerationRequest,
     Sample,
     Score,
     ScoreRequest,
     check_model_temperature,
+    choice_scores,
+    fold_choices,
 )
 from corag.lm.hf import completion_text, context_error, sample_seed
 from corag.lm.render import ChatRenderer, CountingLM
@@ -188,6 +192,10 @@ class VLLMLM(CountingLM):
         rendered, params = self._scoring(requests)
         return self._scores(rendered, self._run([list(ids) for ids, _ in rendered], params))
 
+    def score_choices(self, requests: Sequence[ChoiceRequest]) -> list[Choices]:
+        """Each request's targets scored in the one `score` batch, its prompt metered once."""
+        return fold_choices(requests, self.score(choice_scores(requests)))
+
     def _scoring(self, requests: Sequence[ScoreRequest]) -> tuple[list[tuple[Any, int]], list[Any]]:
         """Each request's ids (messages and target) with the target's start, and the engine parameters."""
         from vllm import SamplingParams
@@ -266,6 +274,10 @@ class AsyncVLLMLM(VLLMLM):
         """`score`, awaited: the requests join the engine's running batch."""
         rendered, params = self._scoring(requests)
         return self._scores(rendered, await self._await([list(ids) for ids, _ in rendered], params))
+
+    async def ascore_choices(self, requests: Sequence[ChoiceRequest]) -> list[Choices]:
+        """`score_choices`, awaited: the requests join the engine's running batch."""
+        return fold_choices(requests, await self.ascore(choice_scores(requests)))
 
     def close(self) -> None:
         """Stop the engine, its tasks and its loop."""

@@ -28,15 +28,9 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import sys
-import time
 from dataclasses import dataclass, field
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
-from transformers.trainer_utils import get_last_checkpoint
-from transformers.utils import is_torch_bf16_gpu_available
 from trl import GRPOConfig, ModelConfig, get_peft_config
 
 from corag.chain import GenerationLimits
@@ -44,14 +38,21 @@ from corag.config import parse_config, read_config
 from corag.errors import InputError
 from corag.training.recipes import (
     StopOnWarning,
+    TimeLimitArguments,
     attention_implementation,
     close_processes,
+    device_flags,
     end_stopped,
     fail,
     leave,
+    load_model,
+    load_tokenizer,
+    resume_checkpoint,
+    save_final,
+    start_run,
     train,
-    wandb_offline_if_unreachable,
 )
+from corag.training.rewards import check_reward_data
 from corag.training.rollout import RolloutConfig
 
 logger = logging.getLogger("corag.grpo")
@@ -59,8 +60,9 @@ PROG = "corag train grpo"
 
 
 @dataclass
-class RecipeArguments:
-    """The training questions, the documents and where to search them, and a wall-time limit."""
+class RecipeArguments(TimeLimitArguments):
+    """The training questions, the documents and where to search them, the held-out slice, and a limit
+    on the training time."""
 
     questions: str | None = field(
         default=None, metadata={"help": "training questions (any format corag reads; gold answers needed)"}
@@ -71,17 +73,6 @@ class RecipeArguments:
     )
     task: str | None = field(default=None, metadata={"help": "task of the questions (default: their own)"})
     limit: int | None = field(default=None, metadata={"help": "only the first N questions"})
-    time_limit_minutes: float | None = field(
-        default=None,
-        metadata={"help": "stop (and save) after the step that passes this many minutes of training"},
-    )
-    time_limit_clock: str = field(
-        default="wall",
-        metadata={
-            "help": "what the time limit counts: wall (minutes on the clock) or cpu (the process's CPU "
-            "minutes over its torch threads: wall time on an idle machine, unshortened by other load)"
-        },
-    )
     eval_questions: str | None = field(
         default=None, metadata={"help": "held-out questions the policy answers during training"}
     )
@@ -101,31 +92,6 @@ class RecipeArguments:
 
 
 CONFIGS = (RecipeArguments, RolloutConfig, GenerationLimits, GRPOConfig, ModelConfig)
-
-
-def compute_seconds() -> float:
-    """CPU seconds of this process and its finished children over torch's thread count: the wall time the
-    work would take on an idle machine, whatever else the machine runs meanwhile."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    busy = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-    return busy / torch.get_num_threads()
-
-
-class TimeLimit(TrainerCallback):
-    """Ends training after the step during which `minutes` passed on the clock (`wall`, or `cpu`: see
-    compute_seconds); the model is saved."""
-
-    CLOCKS = {"wall": time.monotonic, "cpu": compute_seconds}
-
-    def __init__(self, minutes: float, clock: str = "wall") -> None:
-        self.now = self.CLOCKS[clock]
-        self.seconds, self.start = minutes * 60, self.now()
-
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 (transformers' callback signature)
-        if self.now() - self.start >= self.seconds:
-            logger.info("time limit reached after step %d", state.global_step)
-            control.should_training_stop = True
-        return control
 
 
 def micro_steps(questions: int, num_generations: int, per_device: int, world_size: int) -> int:
@@ -166,18 +132,14 @@ def with_questions_per_step(argv: list[str], world_size: int) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> tuple:
     """Config file plus command-line overrides (corag.config); bf16 only where the device has it."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not is_torch_bf16_gpu_available() and "--bf16" not in argv:
-        logger.warning("bf16 is not available on this device; training in fp32")
-        argv += ["--bf16", "false"]
-    if not torch.cuda.is_available() and "--use_cpu" not in argv:
-        argv += ["--use_cpu", "true"]
+    argv = device_flags(sys.argv[1:] if argv is None else argv)
     try:
         from corag.evaluation import parse_runs
         from corag.training.grpo import check_trainer_settings  # refuses a trl it was not tested with
 
         argv = with_questions_per_step(argv, int(os.environ.get("WORLD_SIZE", "1")))  # as accelerate sets it
         data, rollout, limits, grpo, model = parse_config(CONFIGS, argv, __doc__.splitlines()[0])
+        data.check()
         rollout.check()
         limits.check()
         check_trainer_settings(grpo)
@@ -190,26 +152,16 @@ def parse_args(argv: list[str] | None = None) -> tuple:
             fail(f"`{name}` is required", PROG)
     if model.model_name_or_path is None:
         fail("`model_name_or_path` is required (the SFT checkpoint)", PROG)
-    if data.time_limit_clock not in TimeLimit.CLOCKS:
-        fail(f"--time_limit_clock is wall or cpu, not {data.time_limit_clock!r}", PROG)
     model.attn_implementation = attention_implementation(model.attn_implementation)
     return data, rollout, limits, grpo, model
 
 
 def main(argv: list[str] | None = None) -> int:
     data, rollout, limits, args, model_args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.process_index == 0 else logging.WARNING)
-    set_seed(args.seed)
-    warning = wandb_offline_if_unreachable(args.report_to, os.environ)
-    if warning and args.process_index == 0:
-        logger.warning(warning)
+    start_run(args)
 
     # 1. Resume from the last checkpoint in output_dir unless told otherwise.
-    checkpoint = args.resume_from_checkpoint
-    if checkpoint is None and os.path.isdir(args.output_dir):
-        checkpoint = get_last_checkpoint(args.output_dir)
-    if checkpoint:
-        logger.info("resuming from %s", checkpoint)
+    checkpoint = resume_checkpoint(args)
 
     # 2. The questions with their gold answers, the corpus and the retriever the chains search.
     from corag.data.corpus import Corpus
@@ -225,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(
                 "has no gold answer to reward", file=data.questions, record=unanswered[0], field="answers"
             )
+        check_reward_data(rollout.terms(), questions, data.questions)
         held_out = load_examples(data.eval_questions)[: data.eval_limit] if data.eval_questions else []
         corpus = Corpus.load(data.corpus)
         check_corpus(data.retriever, corpus)  # an index over another corpus is refused before the model loads
@@ -240,23 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
 
     # 3. The policy (the SFT checkpoint) and its tokenizer.
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(
-        model_args.model_name_or_path,
-        dtype=None if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),
-        attn_implementation=model_args.attn_implementation,
-    )
+    tokenizer = load_tokenizer(model_args, args.trust_remote_code)
+    model = load_model(model_args, args.trust_remote_code)
 
     # 4. Train: chain rollouts, rewards and advantages are ours; the loss, optimizer and checkpoints trl's.
     from corag.training.grpo import ChainGRPOTrainer
 
     # Slurm's warning before the time limit saves a checkpoint after the step in hand and ends the run.
     near_limit = StopOnWarning()
-    time_limit = (
-        [TimeLimit(data.time_limit_minutes, data.time_limit_clock)] if data.time_limit_minutes else []
-    )
     trainer = ChainGRPOTrainer(
         model=model,
         args=args,
@@ -269,19 +213,14 @@ def main(argv: list[str] | None = None) -> int:
         limits=limits,
         held_out=held_out,
         held_out_method=data.eval_method,
-        callbacks=[*time_limit, near_limit],
+        callbacks=[*data.callbacks(), near_limit],
     )
     result = train(trainer, checkpoint)
     if near_limit.stopped:
         return end_stopped(trainer)
-    trainer.log_metrics("train", result.metrics)
-    trainer.save_metrics("train", result.metrics)
-    trainer.save_state()
 
     # 5. A checkpoint AutoModelForCausalLM loads (a LoRA adapter with use_peft).
-    trainer.save_model(args.output_dir)
-    if trainer.accelerator.is_main_process:
-        tokenizer.save_pretrained(args.output_dir)
+    save_final(trainer, result, tokenizer, args.output_dir)
     close_processes(trainer)
     logger.info("model saved to %s", args.output_dir)
     return 0

@@ -38,9 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
-from transformers.trainer_utils import get_last_checkpoint
-from transformers.utils import is_torch_bf16_gpu_available
+from transformers import AutoTokenizer
 from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
 from corag.config import parse_config
@@ -48,14 +46,22 @@ from corag.errors import InputError
 from corag.training import dataset as examples_dataset
 from corag.training.dataset import ExamplesConfig
 from corag.training.recipes import (
+    TESTED_TRL,
     StopOnWarning,
+    TimeLimitArguments,
     attention_implementation,
+    check_trl,
     close_processes,
+    device_flags,
     end_stopped,
     fail,
     leave,
+    load_model,
+    load_tokenizer,
+    resume_checkpoint,
+    save_final,
+    start_run,
     train,
-    wandb_offline_if_unreachable,
 )
 
 logger = logging.getLogger("corag.sft")
@@ -63,7 +69,7 @@ PROG = "corag train sft"
 
 
 @dataclass
-class RecipeArguments:
+class RecipeArguments(TimeLimitArguments):
     """What the recipe takes beside the examples settings (corag.training.dataset.ExamplesConfig, whose
     `dataset` is the examples folder: given, or built there from `chains` and `corpus`, by default at
     <output_dir>-examples) and trl's SFTConfig and ModelConfig."""
@@ -94,22 +100,14 @@ def parse_args(
 ) -> tuple[ExamplesConfig, RecipeArguments, SFTConfig, ModelConfig]:
     """Config file plus command-line overrides (corag.config, as every command); an unknown key is an
     error that names it."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not is_torch_bf16_gpu_available() and "--bf16" not in argv:
-        # bf16 where the device has it: configs written for GPUs also run (in fp32) on CPU.
-        logger.warning("bf16 is not available on this device; training in fp32")
-        argv += ["--bf16", "false"]
-    bf16_on_cpu = "--bf16" in argv and argv[argv.index("--bf16") + 1 :][:1] == ["true"]
-    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if (several or bf16_on_cpu) and not torch.cuda.is_available() and "--use_cpu" not in argv:
-        # Several processes without GPUs (`accelerate launch --multi_gpu` on CPU): DDP over gloo needs use_cpu,
-        # else each process trains alone. bf16 autocast on a CPU (fast with AMX) also needs it.
-        argv += ["--use_cpu", "true"]
+    argv = device_flags(sys.argv[1:] if argv is None else argv)
     try:
+        check_trl()
         data_args, recipe_args, sft_args, model_args = parse_config(CONFIGS, argv, __doc__.splitlines()[0])
+        recipe_args.check()
         if isinstance(data_args.chat_template_kwargs, str):
             data_args.chat_template_kwargs = json.loads(data_args.chat_template_kwargs)
-    except (ValueError, InputError) as e:  # messages name the unknown keys; make them a clean CLI error
+    except (ValueError, InputError, ImportError) as e:  # messages name the unknown keys: one CLI error line
         fail(str(e), PROG)
     model_args.attn_implementation = attention_implementation(model_args.attn_implementation)
     apply_effective_batch(recipe_args, sft_args, int(os.environ.get("WORLD_SIZE", "1")))
@@ -197,7 +195,8 @@ def score_only_labelled_positions() -> None:
     if not callable(original) or fused is None or not _reads_global(fused, "_use_triton"):
         raise RuntimeError(
             f"trl {trl.__version__} no longer switches its fused LM head with trl.trainer.utils._use_triton: "
-            "update score_only_labelled_positions in corag/recipes/sft.py (or install the trl version it was written for)"
+            "update score_only_labelled_positions in corag/recipes/sft.py (or install trl "
+            f"{TESTED_TRL}.x, which it was written for)"
         )
     if not getattr(original, "corag_cpu", False):
         patched = lambda device: device.type == "cpu" or original(device)  # noqa: E731
@@ -222,11 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     data_args, recipe_args, sft_args, model_args = parse_args(argv)
     if sft_args.use_cpu or not torch.cuda.is_available():
         score_only_labelled_positions()
-    logging.basicConfig(level=logging.INFO if sft_args.process_index == 0 else logging.WARNING)
-    set_seed(sft_args.seed)
-    warning = wandb_offline_if_unreachable(sft_args.report_to, os.environ)  # before the trainer starts W&B
-    if warning and sft_args.process_index == 0:
-        logger.warning(warning)
+    start_run(sft_args)
     logger.info(
         "effective batch: %d per device x %d accumulation x %d processes",
         sft_args.per_device_train_batch_size,
@@ -235,20 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     # 1. Resume from the last checkpoint in output_dir unless told otherwise.
-    checkpoint = sft_args.resume_from_checkpoint
-    if checkpoint is None and os.path.isdir(sft_args.output_dir):
-        checkpoint = get_last_checkpoint(sft_args.output_dir)
-    if checkpoint:
-        logger.info("resuming from %s", checkpoint)
+    checkpoint = resume_checkpoint(sft_args)
 
     # 2. Tokenizer; the chat template renders every example, exactly as at inference.
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_args.model_name_or_path,
-        revision=model_args.model_revision,
-        trust_remote_code=sft_args.trust_remote_code,
-    )
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(model_args, sft_args.trust_remote_code)
 
     # 3. Examples: built once (or found built), then tokenized once; every process memory-maps both.
     dataset_dir = prepare_examples(
@@ -269,20 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     # 4. Model in the config's dtype (bf16 for the GPU configs); no KV cache while training.
-    dtypes = {
-        "auto": "auto",
-        None: None,
-        "bfloat16": torch.bfloat16,
-        "float16": torch.float16,
-        "float32": torch.float32,
-    }
-    model = AutoModelForCausalLM.from_pretrained(
-        model_args.model_name_or_path,
-        revision=model_args.model_revision,
-        dtype=dtypes[model_args.dtype],
-        attn_implementation=model_args.attn_implementation,
-        trust_remote_code=sft_args.trust_remote_code,
-    )
+    model = load_model(model_args, sft_args.trust_remote_code)
     model.config.use_cache = False
 
     # 5. Train: trl keeps our labels (target + end of turn) and only truncates, packs and collates. Slurm's
@@ -294,14 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
-        callbacks=[near_limit],
+        callbacks=[*recipe_args.callbacks(), near_limit],
     )
     result = train(trainer, checkpoint)
     if near_limit.stopped:
         return end_stopped(trainer)
-    trainer.log_metrics("train", result.metrics)
-    trainer.save_metrics("train", result.metrics)
-    trainer.save_state()
 
     # 6. Save a checkpoint that AutoModelForCausalLM and vLLM load (a LoRA adapter, merged on request).
     # FSDP checkpoints are sharded during training (fsdp_state_dict_type: SHARDED_STATE_DICT: each rank
@@ -310,11 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer.model.config.use_cache = True
     if trainer.is_fsdp_enabled:
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
-    trainer.save_model(sft_args.output_dir)
-    if trainer.accelerator.is_main_process:
-        tokenizer.save_pretrained(sft_args.output_dir)
-        if model_args.use_peft and recipe_args.merge_lora:
-            merge_lora(sft_args.output_dir, Path(sft_args.output_dir) / "merged")
+    save_final(trainer, result, tokenizer, sft_args.output_dir)
+    if trainer.accelerator.is_main_process and model_args.use_peft and recipe_args.merge_lora:
+        merge_lora(sft_args.output_dir, Path(sft_args.output_dir) / "merged")
     close_processes(trainer)
     logger.info("model saved to %s", sft_args.output_dir)
     return 0

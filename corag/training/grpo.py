@@ -20,21 +20,24 @@ continuation of the sub-query's), each its own row, and a chain's row count vari
 assume one completion per prompt row (`rollout_func` returns one completion per row, rewarded and grouped
 by trl) or one growing conversation (`environment_factory`, tools), so neither carries a chain. This
 trainer therefore overrides two private methods, `_generate_and_score_completions` and `_prepare_inputs`,
-and reads trl internals (PRIVATE_NAMES): trl is pinned to the tested minor version, and `check_trl`
-refuses, in one line, an installed trl that lacks one of them.
+and reads trl internals (corag.training.recipes.PRIVATE_NAMES): trl is pinned to the tested minor
+version, and `check_trl` refuses, in one line, an installed trl that lacks one of them.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+import os
 import random
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
-import trl
+from accelerate.utils import gather_object
 from datasets import Dataset
 
 from corag.chain import CorpusLike, GenerationLimits
@@ -44,55 +47,24 @@ from corag.lm.hf import HFLM
 from corag.lm.vllm import VLLMLM
 from corag.metrics import answer_scores
 from corag.retrieval.base import Retriever
-from corag.training.rollout import Chain, RolloutConfig, chain_rows, rollout, zero_spread
+from corag.training.recipes import (
+    INSTANCE_NAMES,
+    VLLM_INSTANCE_NAMES,
+    TrlVersionError,  # noqa: F401  (raised by check_trl; imported here by the recipe's callers)
+    check_instance,
+    check_trl,
+)
+from corag.training.rollout import (
+    Chain,
+    RolloutConfig,
+    chain_rows,
+    rollout,
+    shuffle_advantages,
+    zero_spread,
+)
 from corag.types import Example
 
 logger = logging.getLogger("corag.grpo")
-
-TESTED_TRL = "1.16"
-# What this trainer takes from trl beyond its public API: (module, class or None) -> names.
-PRIVATE_NAMES: dict[tuple[str, str | None], tuple[str, ...]] = {
-    ("trl.trainer.grpo_trainer", "GRPOTrainer"): (
-        "_generate_and_score_completions",
-        "_prepare_inputs",
-        "_get_per_token_logps_and_entropies",
-        "_compute_loss",
-    ),
-    ("trl.trainer.utils", None): ("pad", "split_tensor_dict", "use_adapter"),
-    ("trl.models.utils", None): ("disable_gradient_checkpointing",),
-}
-INSTANCE_NAMES = ("_metrics", "_step", "_buffered_inputs", "chat_template_kwargs")
-
-
-class TrlVersionError(ImportError):
-    """The installed trl lacks a private name the chain trainer relies on."""
-
-
-def defined_by_trl(owner: Any, name: str) -> bool:
-    """Whether trl itself defines `name` on the module or class `owner` (a class's name inherited from
-    transformers' Trainer is not trl's)."""
-    if not isinstance(owner, type):
-        return hasattr(owner, name)
-    return any(name in vars(k) for k in owner.__mro__ if k.__module__.startswith("trl."))
-
-
-def check_trl(names: Mapping[tuple[str, str | None], Sequence[str]] = PRIVATE_NAMES) -> None:
-    """Every private trl name the trainer relies on is there, or one line naming the installed and the
-    tested trl version."""
-    for (module, owner_name), attributes in names.items():
-        try:
-            owner: Any = importlib.import_module(module)
-            owner = getattr(owner, owner_name) if owner_name else owner
-        except (ImportError, AttributeError):
-            owner = None
-        missing = [a for a in attributes if owner is None or not defined_by_trl(owner, a)]
-        if missing:
-            where = ".".join(part for part in (module, owner_name, missing[0]) if part)
-            raise TrlVersionError(
-                f"trl {trl.__version__} has no {where}, which corag's GRPO trainer relies on; "
-                f"it is tested with trl {TESTED_TRL}.x (pip install 'trl>={TESTED_TRL},<1.17')"
-            )
-
 
 check_trl()
 
@@ -100,6 +72,7 @@ from trl import GRPOTrainer  # noqa: E402  (after the check: its message beats a
 from trl.models.utils import disable_gradient_checkpointing  # noqa: E402
 from trl.trainer.utils import pad, split_tensor_dict, use_adapter  # noqa: E402
 
+LOSS_TYPES = ("dapo",)  # trl's loss types with one normaliser for the generation batch (num_items_in_batch)
 SCALES = ("group", "true", "none", "false")  # trl's scale_rewards values this trainer implements
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # trl's, all implemented
 
@@ -149,10 +122,34 @@ def check_vllm_settings(args: Any) -> None:
         )
 
 
-def check_trainer_settings(args: Any) -> None:
-    """The GRPOConfig settings this trainer implements, refused in one line otherwise."""
+def check_trainer_settings(args: Any, env: Mapping[str, str] | None = None) -> None:
+    """The GRPOConfig settings this trainer implements, refused in one line otherwise: among them those
+    that would silently change what is trained (a loss normalised per micro-step, stale rows trained at
+    ratio 1, ZeRO-3 ranks making different numbers of forwards). `env`: the launcher's (os.environ)."""
+    env = os.environ if env is None else env
     if args.num_iterations != 1:
         raise InputError("chains are sampled for one pass over them; set 1", field="num_iterations")
+    if args.loss_type not in LOSS_TYPES:
+        raise InputError(
+            f"{args.loss_type!r} normalises each micro-step by its own rows or tokens, and rows land in "
+            f"micro-steps by length, so it re-weights them; choose one of {LOSS_TYPES} (one normaliser "
+            "for the whole generation batch)",
+            field="loss_type",
+        )
+    if args.steps_per_generation != args.gradient_accumulation_steps:
+        raise InputError(
+            f"{args.steps_per_generation} micro-steps a generation against gradient_accumulation_steps "
+            f"{args.gradient_accumulation_steps}: the rows of a later optimizer step would be stale and "
+            "trained at ratio 1; set them equal (or give questions_per_step)",
+            field="steps_per_generation",
+        )
+    if not args.use_vllm and zero3(args, env):
+        raise InputError(
+            "ZeRO-3 with rollouts on the transformers backend would deadlock (the ranks make different "
+            "numbers of forwards over partitioned weights); set use_vllm: true (vllm_mode: colocate) or "
+            "train with ddp or fsdp",
+            field="use_vllm",
+        )
     if args.use_vllm:
         check_vllm_settings(args)
     if str(args.scale_rewards).lower() not in SCALES:
@@ -160,14 +157,32 @@ def check_trainer_settings(args: Any) -> None:
     check_whole_groups(args.per_device_train_batch_size, args.steps_per_generation, args.num_generations)
 
 
+def zero3(args: Any, env: Mapping[str, str]) -> bool:
+    """Whether the run shards parameters with DeepSpeed ZeRO-3: as accelerate's config passes it
+    (ACCELERATE_DEEPSPEED_ZERO_STAGE), or in a `deepspeed` config the trainer is given."""
+    if (
+        env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("true", "1")
+        and env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    ):
+        return True
+    config = args.deepspeed
+    if isinstance(config, str) and os.path.isfile(config):
+        config = json.loads(Path(config).read_text())
+    return isinstance(config, dict) and str(config.get("zero_optimization", {}).get("stage")) == "3"
+
+
 def check_stop_on_vllm(args: Any, config: RolloutConfig) -> None:
-    """A sampled stop decision scores its two turns at the rollout temperature, which vLLM's prompt
-    log-probabilities (the model's own) cannot give: on vLLM it needs temperature 1."""
+    """A sampled stop decision is drawn at temperature 1 (corag.chain.STOP_TEMPERATURE); vLLM's importance
+    correction compares the sampler's log-probabilities with the trainer's at `temperature`, so with it
+    on, the rollouts need temperature 1."""
     sampled_stop = config.learned_stop and "stop" in config.sampled_calls and config.max_chain_length > 1
-    if args.use_vllm and sampled_stop and args.temperature != 1.0:
+    correction = args.use_vllm and args.vllm_importance_sampling_correction
+    if correction and sampled_stop and args.temperature != 1.0:
         raise InputError(
-            f"on vLLM the sampled stop decision is scored at temperature 1, got {args.temperature}: set "
-            "temperature: 1.0, or decide the stop greedily (leave stop out of sampled_calls)",
+            f"the sampled stop decision is drawn at temperature 1, and vLLM's importance correction "
+            f"would compare it with the trainer's log-probabilities at {args.temperature}: set "
+            "temperature: 1.0, turn vllm_importance_sampling_correction off, or decide the stop greedily "
+            "(leave stop out of sampled_calls)",
             field="temperature",
         )
 
@@ -207,6 +222,51 @@ def importance_ratio(
     if mode.endswith("truncate"):
         return ratio.clamp(min=low, max=high)
     return ratio.masked_fill((ratio < (low if low is not None else -float("inf"))) | (ratio > high), 0.0)
+
+
+def ratio_spread(ratio: torch.Tensor, mask: torch.Tensor, accelerator: Any = None) -> dict[str, float]:
+    """Mean, min and max of the importance-sampling ratio over the batch's trained tokens (a sequence-level
+    ratio: over its trained rows), over every process with `accelerator`, as trl logs them."""
+    keep = (mask.sum(-1, keepdim=True) > 0) if ratio.size(-1) == 1 else mask.bool()
+    values = ratio[keep.expand_as(ratio)].double()
+    inf = torch.tensor(float("inf"), dtype=torch.float64, device=ratio.device)
+    stats = torch.stack(
+        [values.sum(), torch.tensor(float(values.numel()), dtype=torch.float64, device=ratio.device),
+         values.min() if values.numel() else inf, values.max() if values.numel() else -inf]
+    )[None]  # fmt: skip
+    if accelerator is not None:
+        stats = accelerator.gather(stats)  # one row a process
+    total, count = stats[:, 0].sum().item(), stats[:, 1].sum().item()
+    if count == 0:
+        return {"mean": 1.0, "min": 1.0, "max": 1.0}
+    return {"mean": total / count, "min": stats[:, 2].min().item(), "max": stats[:, 3].max().item()}
+
+
+def row_chunks(widths: Sequence[int], bound: int) -> list[tuple[int, int]]:
+    """Consecutive slices of rows (sorted by width, as row_batch sorts them) whose padded size, rows times
+    the widest row, stays within `bound` tokens (a row wider than the bound goes alone)."""
+    chunks, start = [], 0
+    for end in range(1, len(widths) + 1):
+        if end - start > 1 and (end - start) * max(widths[start:end]) > bound:
+            chunks.append((start, end - 1))
+            start = end - 1
+    if widths:
+        chunks.append((start, len(widths)))
+    return chunks
+
+
+def replacement_share(missing: int, pool: Sequence[str], room: int) -> tuple[list[str], list[str]]:
+    """Dynamic sampling decided over every process at once: the groups still missing everywhere (one
+    all-reduce of this process's count, less what it found beyond its own need) are replaced by the first of `pool` (the same order on every
+    process), at most `room`, dealt out in turn, so that no process rolls out more than its share.
+    Returns the questions taken over all processes and this process's own."""
+    rank, world = 0, 1
+    total = torch.tensor([missing])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        torch.distributed.all_reduce(total)
+    taken = list(pool[: max(0, min(int(total.item()), room))])
+    return taken, taken[rank::world]
 
 
 def engine_weights(generation: Any, *, tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
@@ -251,12 +311,7 @@ class ChainGRPOTrainer(GRPOTrainer):
         self.limits = limits
         self.last_groups: list[list[Chain]] = []  # the latest step's groups, for the rollout table
         super().__init__(reward_funcs=rollout_reward, train_dataset=questions_dataset(questions), **kwargs)
-        missing = [name for name in INSTANCE_NAMES if not hasattr(self, name)]
-        if missing:
-            raise TrlVersionError(
-                f"trl {trl.__version__} GRPOTrainer has no attribute {missing[0]}, which corag's GRPO "
-                f"trainer relies on; it is tested with trl {TESTED_TRL}.x"
-            )
+        check_instance(self, INSTANCE_NAMES + (VLLM_INSTANCE_NAMES if self.use_vllm else ()))
         self.add_callback(ProgressFiles(self, held))
 
     # -- rollout -------------------------------------------------------------------------------------
@@ -317,30 +372,37 @@ class ChainGRPOTrainer(GRPOTrainer):
 
     def groups_with_spread(self, query_ids: Sequence[str]) -> tuple[list[list[Chain]], list[list[Chain]]]:
         """The batch's groups, those whose chains all scored alike replaced by groups of other training
-        questions (DAPO's dynamic sampling), at most `max_extra_questions` more questions a batch.
+        questions (DAPO's dynamic sampling), at most `max_extra_questions` more questions a step over
+        all processes.
 
-        Returns the groups to train (the replacements after the batch's groups with spread; fewer when
-        the bound is hit, the rest carrying no gradient anyway) and every group rolled out. The extra
-        questions are drawn by a generator seeded with the run's seed, the step and the process, so a
-        resumed run draws the same ones."""
+        Decided over every process at once (corag.training.grpo.replacement_share): each round, one
+        all-reduce of the groups still missing; their replacements, drawn from the questions no process
+        asked this step, dealt out over the processes. A process trains the groups it rolled out (the
+        loss's normaliser is the whole batch's), so no group moves and no process waits on another's
+        extra rollouts. Returns the groups to train (every replacement with spread is kept; fewer when
+        the bound is hit: the rest carry no gradient anyway) and every group rolled out. The pool is shuffled by the run's seed and the
+        step, so a resumed run draws the same questions."""
         step = self.state.global_step
         rolled = self.sample_groups(query_ids, key=f"step-{step}")
         kept = [g for g in rolled if not zero_spread(g)]
-        missing, bound = len(rolled) - len(kept), self.rollout_config.max_extra_questions
-        pool = sorted(set(self.questions) - set(query_ids))
-        random.Random(f"{self.args.seed}/{step}/{self.accelerator.process_index}").shuffle(pool)
-        extra = 0
-        while missing and extra < bound and pool:
-            take, pool = pool[: min(missing, bound - extra)], pool[min(missing, bound - extra) :]
-            extra += len(take)
-            more = self.sample_groups(take, key=f"step-{step}/extra-{extra}")
+        asked = gather_object(list(query_ids))  # every process's questions of this step
+        pool = sorted(set(self.questions) - set(asked))
+        random.Random(f"{self.args.seed}/{step}").shuffle(pool)
+        missing, bound, extra = len(rolled) - len(kept), self.rollout_config.max_extra_questions, 0
+        while extra < bound and pool:
+            taken, mine = replacement_share(missing, pool, bound - extra)
+            if not taken:
+                break
+            pool, extra = pool[len(taken) :], extra + len(taken)
+            more = self.sample_groups(mine, key=f"step-{step}/extra-{extra}") if mine else []
             rolled += more
-            good = [g for g in more if not zero_spread(g)][:missing]
+            good = [g for g in more if not zero_spread(g)]
             kept += good
-            missing -= len(good)
-        if missing and bound:
+            missing -= len(good)  # below 0: this process found more than it lacked, for the others
+        if missing > 0 and bound:
             logger.info(
-                "step %d: %d of %d groups still scored alike after %d more questions (max_extra_questions)",
+                "step %d: %d of %d groups on this process still scored alike after %d more questions "
+                "over all processes (max_extra_questions)",
                 step, missing, len(query_ids), extra,
             )  # fmt: skip
         return kept, rolled
@@ -349,6 +411,9 @@ class ChainGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         query_ids = list(dict.fromkeys(row["query_id"] for row in inputs))
         groups, rolled = self.groups_with_spread(query_ids)
+        if self.rollout_config.shuffle_advantages:
+            step, rank = self.state.global_step, self.accelerator.process_index
+            shuffle_advantages(groups, random.Random(f"{self.args.seed}/{step}/{rank}/placebo"))
         rows = [row for group in groups for chain in group for row in chain_rows(chain)]
         batch = self.row_batch(rows)
         self.log_groups(groups, rolled, len(query_ids), len(rows), mode)
@@ -422,15 +487,45 @@ class ChainGRPOTrainer(GRPOTrainer):
                 self.vllm_importance_sampling_clip_min,
                 self.vllm_importance_sampling_clip_max,
             )
+            mode = "train" if self.model.training else "eval"
+            spread = ratio_spread(
+                batch["importance_sampling_ratio"], batch["completion_mask"], self.accelerator
+            )
+            for name, value in spread.items():
+                self._metrics[mode][f"sampling/importance_sampling_ratio/{name}"].append(value)
         return batch
 
     def policy_logps(self, batch: Mapping[str, torch.Tensor], *, reference: bool) -> torch.Tensor:
         """Per-token log-probabilities of the sampled ids under the reference model (the KL term) or the
-        policy as it is before the step (the importance-sampling correction)."""
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"].clamp(min=1)], dim=1)
+        policy as it is before the step (the importance-sampling correction).
+
+        Rows go through the model in chunks of consecutive rows (sorted by length) cut to their own
+        widest and holding at most `logprob_batch_tokens` tokens, as the transformers backend batches;
+        every process makes the same number of forwards (ZeRO-3 gathers weights in each), its last ones
+        on its shortest row if it has fewer chunks. `self.logprob_forwards` counts them."""
+        prompt, completion = batch["prompt_mask"].sum(1), batch["completion_mask"].sum(1).clamp(min=1)
         keep = batch["completion_ids"].size(1)
-        size = self.args.per_device_train_batch_size
+        chunks = row_chunks((prompt + completion).tolist(), self.rollout_config.logprob_batch_tokens)
+        device = batch["prompt_ids"].device
+        most = int(self.accelerator.gather(torch.tensor([len(chunks)], device=device)).max())
+        parts = []
+        for start, end in chunks + [(0, 1)] * (most - len(chunks)):
+            part = trim_padding(
+                {
+                    k: batch[k][start:end]
+                    for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+                }
+            )
+            logps = self.chunk_logps(part, reference)
+            parts.append(torch.nn.functional.pad(logps, (0, keep - logps.size(1))))
+        self.logprob_forwards = getattr(self, "logprob_forwards", 0) + most
+        return torch.cat(parts[: len(chunks)])
+
+    def chunk_logps(self, part: Mapping[str, torch.Tensor], reference: bool) -> torch.Tensor:
+        """One forward over a chunk of rows: log-probabilities of its completion ids."""
+        input_ids = torch.cat([part["prompt_ids"], part["completion_ids"]], dim=1)
+        attention_mask = torch.cat([part["prompt_mask"], part["completion_mask"].clamp(min=1)], dim=1)
+        keep, size = part["completion_ids"].size(1), input_ids.size(0)
         with (
             torch.no_grad(),
             disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),

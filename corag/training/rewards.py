@@ -5,19 +5,30 @@ documents, the final answer's documents, the metered usage, and `extras`) and re
 `reward` is a list of terms `NAME` or `WEIGHT*NAME`, summed: `[f1]`, or `[f1, -0.05*tokens]` for F1 minus
 0.05 per 1,000 tokens. NAME is one of REWARDS or an importable function `package.module.function` (a
 user's own reward, written like the ones below).
+
+Step rewards (STEP_REWARDS) credit each step of the chain: a list with one value a step. `loglik_gain`,
+the gain in the gold answer's mean log-likelihood (call C without documents, as rejection sampling scores
+chains) that the step brought; `recall_gain`, the share of the question's gold passages (`supporting_ids`)
+the step's documents found first. Weighted in the same list (`[f1, 0.5*loglik_gain]`); how they reach the
+trained rows (summed into the chain's reward, or each step's rows its own advantage) is the rollout's
+`credit`.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from corag.chain import DecodeResult
 from corag.errors import InputError
 from corag.metrics import answer_scores
+from corag.types import Example
 
 RewardFunc = Callable[[DecodeResult], float]
+StepRewardFunc = Callable[[DecodeResult], list[float]]
 
 
 def em(result: DecodeResult) -> float:
@@ -44,13 +55,39 @@ def tokens(result: DecodeResult) -> float:
 REWARDS: dict[str, RewardFunc] = {"em": em, "f1": f1, "loglik": loglik, "tokens": tokens}
 
 
+def loglik_gain(result: DecodeResult) -> list[float]:
+    """Per step: the gold answer's mean log-likelihood after it less before it (the rollout scores every
+    prefix of the chain, `extras["gold_logprobs"]`: no steps, one, ..., all)."""
+    scores = result.extras["gold_logprobs"]
+    return [after - before for before, after in itertools.pairwise(scores)]
+
+
+def recall_gain(result: DecodeResult) -> list[float]:
+    """Per step: the share of the gold passages (`extras["gold_ids"]`) first found among its documents."""
+    gold, seen, gains = set(result.extras["gold_ids"]), set(), []
+    for step in result.steps:
+        new = (set(step.doc_ids) & gold) - seen
+        seen |= new
+        gains.append(len(new) / len(gold))
+    return gains
+
+
+STEP_REWARDS: dict[str, StepRewardFunc] = {"loglik_gain": loglik_gain, "recall_gain": recall_gain}
+NEEDS = {
+    "loglik": "gold_logprob",
+    "loglik_gain": "gold_logprobs",
+    "recall_gain": "gold_ids",
+}  # rollout extras
+
+
 @dataclass(frozen=True)
 class Term:
-    """One weighted reward of the sum."""
+    """One weighted reward of the sum: of the chain, or (`step`) one value a step."""
 
     name: str
     weight: float
-    function: RewardFunc
+    function: RewardFunc | StepRewardFunc
+    step: bool = False
 
 
 def parse_terms(specs: Sequence[str]) -> list[Term]:
@@ -63,8 +100,18 @@ def parse_terms(specs: Sequence[str]) -> list[Term]:
         try:
             weight = float(weight_text) if star else 1.0
         except ValueError:
-            raise InputError(f"bad weight in {spec!r}: expected WEIGHT*NAME", field="reward") from None
-        terms.append(Term(name.strip(), weight, reward_function(name.strip())))
+            weight = math.nan
+        if not math.isfinite(weight):
+            raise InputError(
+                f"the weight {weight_text.strip()!r} of {spec!r} is not a number: expected WEIGHT*NAME, "
+                "e.g. 0.5*f1",
+                field="reward",
+            )
+        name = name.strip()
+        if name in STEP_REWARDS:
+            terms.append(Term(name, weight, STEP_REWARDS[name], step=True))
+        else:
+            terms.append(Term(name, weight, reward_function(name)))
     return terms
 
 
@@ -79,12 +126,35 @@ def reward_function(name: str) -> RewardFunc:
         function = None
     if not callable(function):
         raise InputError(
-            f"unknown reward {name!r}: choose one of {sorted(REWARDS)} or an importable package.module.function",
+            f"unknown reward {name!r}: choose one of {sorted(REWARDS)}, a step reward of "
+            f"{sorted(STEP_REWARDS)}, or an importable package.module.function",
             field="reward",
         )
     return function
 
 
+def check_reward_data(terms: Sequence[Term], examples: Sequence[Example], file: str | None = None) -> None:
+    """Before any rollout: every question has what the rewards read (gold passages for `recall_gain`)."""
+    if any(term.name == "recall_gain" for term in terms):
+        bare = next((e for e in examples if not e.supporting_ids), None)
+        if bare is not None:
+            raise InputError(
+                "has no gold passages (supporting_ids) for the step reward recall_gain",
+                file=file,
+                record=bare.id,
+                field="supporting_ids",
+            )
+
+
 def total_reward(result: DecodeResult, terms: Sequence[Term]) -> float:
-    """The weighted sum of the terms for one chain."""
-    return sum(term.weight * float(term.function(result)) for term in terms)
+    """The weighted sum of the chain's terms (outcome rewards only: step terms are `step_rewards`)."""
+    return sum(term.weight * float(term.function(result)) for term in terms if not term.step)
+
+
+def step_rewards(result: DecodeResult, terms: Sequence[Term]) -> list[float]:
+    """One reward a step of the chain: the weighted sum of its step terms (zeros without any)."""
+    rewards = [0.0] * len(result.steps)
+    for term in (t for t in terms if t.step):
+        values = term.function(result)
+        rewards = [r + term.weight * float(v) for r, v in zip(rewards, values, strict=True)]
+    return rewards

@@ -3,51 +3,51 @@
 For each training question, a group of G chains is drawn from the current policy through the executor
 and the retriever, in the released prompt formats: a sub-query (call A), searched; a sub-answer over its
 top-5 documents (call B); after each step but the last, the learned-stop decision drawn from the policy
-(its Yes and No turns scored, Yes drawn with its share: corag.chain.stop_choice, the decision greedy
-decoding's `stop_bias=0` takes); at the end, the final answer over the question's top-20
-documents (call C). A repeated sub-query also ends the chain (nothing new would be found).
+(its Yes and No turns scored in one call at the model's own temperature, Yes drawn with its share:
+corag.chain.stop_choice, the decision greedy decoding's `stop_bias=0` takes from the same scores); at the
+end, the final answer over the question's top-20 documents (call C). A chain grows by the loop greedy
+decoding runs (corag.decoding.greedy.sample_chain): a repeated sub-query is asked again at max(t, 0.7),
+at most 4 sub-query calls a step, as in evaluation.
 
 - **Sampled calls**: every call kind in `sampled_calls` (default all four) is sampled at the trainer's
   temperature, each from its own seed (question, chain, step); a kind left out is decoded greedily. Each
   generation keeps its exact prompt ids, the ids the sampler drew and their log-probabilities
   (corag.lm.base.Sample), so the trainer trains exactly what was sampled, with no text round trip.
 - **Reward** of a chain: a weighted sum of reward functions of the chain (corag.training.rewards: EM, F1,
-  the gold answer's log-likelihood, metered tokens, or a user's own).
+  the gold answer's log-likelihood, metered tokens, or a user's own), and of step rewards, one value a
+  step (the gain in the gold answer's log-likelihood a step brought, the gold passages it found first).
 - **Advantage**: group-normalised, (r - mean) / (std + 1e-4) over the question's G chains (std as
   torch.std, unbiased), or only centred (trl's scale_rewards "none"). A group whose rewards are all equal
-  (zero spread) has advantage 0 everywhere: it teaches nothing.
+  (zero spread) has advantage 0 everywhere: it teaches nothing. With `credit: chain` the step rewards are
+  summed into the chain's reward and every row carries the chain's advantage; with `credit: step` each
+  step's rows (its sub-query, sub-answer and the stop decision after it) carry the advantage of what
+  follows from it, the outcome plus the step rewards from that step on, normalised over every step and
+  final answer of the group, and the final answer's rows that of the outcome.
 - **Rows**: every sampled generation of a chain is a row (prompt ids, sampled ids, log-probabilities)
-  carrying its chain's advantage; a greedy call stays in the chain but gives no row, so it carries no
-  loss. Retrieved documents are only ever inside prompts, so they are never trained on.
+  carrying its advantage; a greedy call stays in the chain but gives no row, so it carries no loss.
+  Retrieved documents are only ever inside prompts, so they are never trained on.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corag.chain import (
-    CorpusLike,
-    DecodeResult,
-    GenerationLimits,
-    call_seed,
-    finish,
-    next_subquery,
-    open_question,
-    stop_choice,
-    subanswer,
-)
+from corag.chain import CorpusLike, DecodeResult, GenerationLimits, call_seed, finish, open_question
+from corag.decoding.greedy import sample_chain
 from corag.errors import InputError
 from corag.executor import Context, Executor
-from corag.lm.base import Completion, GenerationRequest
+from corag.lm.base import MAX_BATCH_TOKENS, Completion, GenerationRequest
 from corag.prompts import FINAL_NUM_DOCS
 from corag.sampling import gold_logprob
-from corag.training.rewards import Term, parse_terms, total_reward
-from corag.types import Example, Step
+from corag.training.rewards import NEEDS, Term, check_reward_data, parse_terms, step_rewards, total_reward
+from corag.types import Example
 
 CALLS = ("subquery", "subanswer", "stop", "final")
+CREDITS = ("chain", "step")
 ADVANTAGE_EPS = 1e-4
 
 
@@ -70,6 +70,20 @@ class RolloutConfig:
         default_factory=lambda: ["f1"],
         metadata={"help": "summed terms WEIGHT*NAME or NAME, e.g. f1 -0.05*tokens (corag.training.rewards)"},
     )
+    credit: str = field(
+        default="chain",
+        metadata={"help": f"advantages per chain or per step (step rewards to go), one of {CREDITS}"},
+    )
+    shuffle_advantages: bool = field(
+        default=False,
+        metadata={"help": "a placebo: the trained chains' advantages shuffled over the generation batch"},
+    )
+    logprob_batch_tokens: int = field(
+        default=MAX_BATCH_TOKENS,
+        metadata={
+            "help": "tokens per forward of the trainer's log-probability passes (old policy, reference)"
+        },
+    )
     max_extra_questions: int = field(
         default=8,
         metadata={
@@ -84,6 +98,12 @@ class RolloutConfig:
         unknown = sorted(set(self.sampled_calls) - set(CALLS))
         if unknown:
             raise InputError(f"unknown call kind {unknown[0]!r}; choose from {CALLS}", field="sampled_calls")
+        if self.credit not in CREDITS:
+            raise InputError(f"unknown credit {self.credit!r}; choose one of {CREDITS}", field="credit")
+        if self.logprob_batch_tokens < 1:
+            raise InputError(
+                f"must be 1 or more, got {self.logprob_batch_tokens}", field="logprob_batch_tokens"
+            )
         if self.max_extra_questions < 0:
             raise InputError(
                 f"must be 0 or more, got {self.max_extra_questions}", field="max_extra_questions"
@@ -102,12 +122,14 @@ class Chain:
     result: DecodeResult
     trace: list[tuple[GenerationRequest, Completion]]
     calls: list[str]  # the kind of each traced generation (CALLS)
+    steps_of: list[int | None] = field(default_factory=list)  # each traced generation's step (None: final)
     reward: float = 0.0
-    advantage: float = 0.0
+    advantage: float = 0.0  # of the chain, or with credit per step of its final answer
+    step_advantages: list[float] = field(default_factory=list)  # with credit per step: one a step
 
     @property
     def stopped(self) -> bool:
-        """Whether the policy ended the chain before max_chain_length (a Yes, or a repeated sub-query)."""
+        """Whether the policy's stop decision ended the chain (a Yes)."""
         return bool(self.result.extras.get("stopped"))
 
 
@@ -120,46 +142,48 @@ async def rollout_chain(
     config: RolloutConfig,
     temperature: float,
     limits: GenerationLimits | None = None,
-    score_gold: bool = False,
+    needs: frozenset[str] = frozenset(),
 ) -> Chain:
-    """One chain of the policy for one question, every generation kept (`ctx.trace`); with `score_gold`,
-    also the gold answer's log-likelihood given the chain (the `loglik` reward)."""
-    ctx.trace, calls = [], []
+    """One chain of the policy for one question, every generation kept (`ctx.trace`) with its kind and
+    step; and what the rewards `needs` (corag.training.rewards.NEEDS): the gold answer's log-likelihood
+    given the chain, or given each of its prefixes, or the gold passages."""
+    ctx.trace, calls, steps_of = [], [], []
     heat = {call: temperature if call in config.sampled_calls else 0.0 for call in CALLS}
 
     def traced(kind: str) -> None:
+        answered = calls.count("subanswer")
+        step = None if kind == "final" else answered - (kind == "stop")  # a stop follows its step
         calls.extend([kind] * (len(ctx.trace) - len(calls)))
+        steps_of.extend([step] * (len(calls) - len(steps_of)))
 
     question = await open_question(ctx, example, corpus, docs=config.docs, limits=limits)
-    steps: list[Step] = []
-    stopped = False
-    while len(steps) < config.max_chain_length and not stopped:
-        seed = call_seed(question.id, chain, len(steps), 0)
-        query = await next_subquery(
-            ctx, question.query, steps, question.task_desc, heat["subquery"], seed, question.limits
-        )
-        traced("subquery")
-        if query in {s.subquery for s in steps}:
-            stopped = True
-            break
-        step = await subanswer(
-            ctx, query, corpus, limits=question.limits, temperature=heat["subanswer"], seed=seed + 1
-        )
-        traced("subanswer")
-        steps.append(step)
-        if config.learned_stop and len(steps) < config.max_chain_length:
-            stopped = await stop_choice(
-                ctx, question.query, steps, question.task_desc, heat["stop"], seed + 2
-            )
-            traced("stop")
-    extras = {"chain": chain, "stopped": stopped}
-    seed = call_seed(question.id, chain, len(steps), 1)
-    result = await finish(ctx, question, example, "rollout", steps, extras, heat["final"], seed)
+    grown = await sample_chain(
+        ctx,
+        question,
+        max_steps=config.max_chain_length,
+        temperature=heat["subquery"],
+        chain=chain,
+        stop_bias=0.0 if config.learned_stop else None,
+        for_final=False,
+        subanswer_temperature=heat["subanswer"],
+        sample_stop=heat["stop"] > 0,
+        mark=traced,
+    )
+    extras = {"chain": chain, "stopped": grown.stopped}
+    seed = call_seed(question.id, chain, len(grown.steps), 0)
+    result = await finish(ctx, question, example, "rollout", grown.steps, extras, heat["final"], seed)
     traced("final")
     trace, ctx.trace = ctx.trace, None  # the reward's scoring below is not a generation of the chain
-    if score_gold:
-        result.extras["gold_logprob"] = await gold_logprob(ctx, example, steps, ())
-    return Chain(result, trace, calls)
+    steps_of = [s if s is None or s < len(grown.steps) else None for s in steps_of]  # an unanswered ask
+    if "gold_logprobs" in needs:
+        prefixes = [grown.steps[:i] for i in range(len(grown.steps) + 1)]
+        scores = await ctx.gather(*(gold_logprob(ctx, example, p, ()) for p in prefixes))
+        result.extras["gold_logprobs"], result.extras["gold_logprob"] = scores, scores[-1]
+    elif "gold_logprob" in needs:
+        result.extras["gold_logprob"] = await gold_logprob(ctx, example, grown.steps, ())
+    if "gold_ids" in needs:
+        result.extras["gold_ids"] = list(example.supporting_ids)
+    return Chain(result, trace, calls, steps_of)
 
 
 def group_advantages(rewards: Sequence[float], scale: bool = True) -> list[float]:
@@ -167,6 +191,28 @@ def group_advantages(rewards: Sequence[float], scale: bool = True) -> list[float
     mean = statistics.fmean(rewards)
     std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
     return [(r - mean) / (std + ADVANTAGE_EPS) if scale else r - mean for r in rewards]
+
+
+def assign_advantages(group: Sequence[Chain], terms: Sequence[Term], scale: bool, credit: str) -> None:
+    """Each chain's reward (outcome plus its step rewards) and advantages, by `credit` (CREDITS): per
+    chain, the group-normalised reward; per step, each step's return (the outcome plus the step rewards
+    from it on) and each final answer's (the outcome), normalised together over the group."""
+    outcome = [total_reward(c.result, terms) for c in group]
+    per_step = [step_rewards(c.result, terms) for c in group]
+    for chain, r, steps in zip(group, outcome, per_step, strict=True):
+        chain.reward = r + sum(steps)
+    if credit == "chain":
+        for chain, advantage in zip(group, group_advantages([c.reward for c in group], scale), strict=True):
+            chain.advantage, chain.step_advantages = advantage, []
+        return
+    returns = [
+        [r + sum(steps[i:]) for i in range(len(steps))] + [r]
+        for r, steps in zip(outcome, per_step, strict=True)
+    ]
+    flat = group_advantages([g for chain_returns in returns for g in chain_returns], scale)
+    for chain, chain_returns in zip(group, returns, strict=True):
+        own, flat = flat[: len(chain_returns)], flat[len(chain_returns) :]
+        chain.step_advantages, chain.advantage = own[:-1], own[-1]
 
 
 def rollout(
@@ -193,6 +239,8 @@ def rollout(
     if temperature <= 0:
         raise InputError(f"the chains of a group are sampled, got {temperature}", field="temperature")
     terms = config.terms()
+    check_reward_data(terms, examples)
+    needs = frozenset(NEEDS[t.name] for t in terms if t.name in NEEDS)
     coros = [
         rollout_chain(
             executor.context(),
@@ -202,7 +250,7 @@ def rollout(
             config=config,
             temperature=temperature,
             limits=limits,
-            score_gold=any(term.name == "loglik" for term in terms),
+            needs=needs,
         )  # fmt: skip
         for example in examples
         for g in range(group_size)
@@ -210,21 +258,22 @@ def rollout(
     chains = executor.run(coros)
     groups = [chains[i : i + group_size] for i in range(0, len(chains), group_size)]
     for group in groups:
-        for chain in group:
-            chain.reward = total_reward(chain.result, terms)
-        advantages = group_advantages([c.reward for c in group], scale)
-        for chain, advantage in zip(group, advantages, strict=True):
-            chain.advantage = advantage
+        assign_advantages(group, terms, scale, config.credit)
     return groups
 
 
 def chain_rows(chain: Chain) -> list[dict[str, Any]]:
     """Every sampled generation of a chain as a row to train: the prompt's ids, the ids the sampler drew,
-    their log-probabilities and the chain's advantage. Greedy calls (temperature 0) give no row."""
+    their log-probabilities and the advantage (its step's with credit per step, else the chain's). Greedy
+    calls (temperature 0) give no row."""
     rows = []
-    for kind, (request, completion) in zip(chain.calls, chain.trace, strict=True):
+    steps_of = chain.steps_of or [None] * len(chain.calls)
+    for kind, step, (request, completion) in zip(chain.calls, steps_of, chain.trace, strict=True):
         if request.temperature <= 0:
             continue
+        advantage = (
+            chain.step_advantages[step] if chain.step_advantages and step is not None else chain.advantage
+        )
         for sample in completion.samples:
             if sample.token_ids:
                 rows.append(
@@ -232,13 +281,25 @@ def chain_rows(chain: Chain) -> list[dict[str, Any]]:
                         "prompt_ids": sample.prompt_ids,
                         "completion_ids": sample.token_ids,
                         "logprobs": sample.logprobs,
-                        "advantage": chain.advantage,
+                        "advantage": advantage,
                         "call": kind,
+                        "step": step,
                     }
                 )
     return rows
 
 
+def shuffle_advantages(groups: Sequence[Sequence[Chain]], rng: random.Random) -> None:
+    """A placebo: every advantage of the batch's chains (and of their steps) dealt out again in a random
+    order, so that updates keep their sizes and signs' mix but no longer follow what the chains earned."""
+    chains = [chain for group in groups for chain in group]
+    pool = [a for c in chains for a in (c.advantage, *c.step_advantages)]
+    rng.shuffle(pool)
+    for chain in chains:
+        n = len(chain.step_advantages)
+        chain.advantage, chain.step_advantages, pool = pool[0], pool[1 : n + 1], pool[n + 1 :]
+
+
 def zero_spread(group: Sequence[Chain]) -> bool:
-    """Whether every chain of the group scored alike (advantage 0 everywhere: no gradient)."""
-    return max(c.reward for c in group) - min(c.reward for c in group) < 1e-9
+    """Whether the group teaches nothing: every advantage (of the chains, or of their steps) is 0."""
+    return all(abs(a) < 1e-9 for c in group for a in (c.advantage, *c.step_advantages))

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from corag.chain import final_cost
 from corag.decoding import STRATEGIES
 from corag.executor import Executor
+from corag.prompts import STOP_NO
 
 FINAL_CALL = "Given the following intermediate queries and answers, generate a final answer"
 
@@ -61,11 +62,14 @@ def test_budgets_hold_and_metering_matches_the_tokenizer(
     assert len(finals) == sum("final_skipped" not in r.extras for r in results)  # the reserve kept room
     prompt = sum(recount_prompt(tokenizer, r) for r, _ in lm.generated)  # once per call, n samples or not
     prompt += sum(recount_scored(tokenizer, r) for r, _ in lm.scored)
+    # a stop decision scores Yes and No in one call, its prompt charged once (corag.chain.stop_scores)
+    stops = [r for r, _ in lm.scored if r.target == STOP_NO]
+    prompt -= sum(recount_prompt(tokenizer, r) for r in stops)
     generated = sum(c.usage.completion_tokens for _, c in lm.generated)
     for r, c in lm.generated:  # generated tokens: each sample at least its end token, at most the limit
         assert r.n <= c.usage.completion_tokens <= r.n * r.max_new_tokens
         assert c.usage.prompt_tokens == recount_prompt(tokenizer, r)
     assert sum(ctx.meter.usage.prompt_tokens for ctx in contexts) == prompt
     assert sum(ctx.meter.usage.completion_tokens for ctx in contexts) == generated
-    assert sum(ctx.meter.usage.calls for ctx in contexts) == len(lm.generated) + len(lm.scored)
+    assert sum(ctx.meter.usage.calls for ctx in contexts) == len(lm.generated) + len(lm.scored) - len(stops)
     assert all(ctx.meter.pending == 0 for ctx in contexts)

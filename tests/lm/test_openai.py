@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from corag.errors import InputError
 from corag.lm import load_lm
-from corag.lm.base import GenerationRequest, ScoreRequest
+from corag.lm.base import ChoiceRequest, GenerationRequest, ScoreRequest
 from corag.lm.hf import HFLM
 from corag.lm.openai import OpenAILM, ServerError
 from corag.retrieval.service import BackgroundServer
@@ -141,6 +141,14 @@ def test_greedy_texts_usage_and_scores_equal_the_transformers_backend(servers, h
             assert a.usage == b.usage
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
             assert (a.prompt_ids, a.token_ids) == (b.prompt_ids, b.token_ids)
+    # the stop decision's one call: both turns scored as the transformers backend scores them, the prompt
+    # charged once
+    choices = [ChoiceRequest(m, ("Yes", "No")) for m in PROMPTS]
+    for a, b in zip(lm.score_choices(choices), hf.score_choices(choices), strict=True):
+        assert a.usage == b.usage and a.usage.calls == 1
+        assert a.usage.total == len(b.scores[0].prompt_ids) + sum(len(s.token_ids) for s in b.scores)
+        for x, y in zip(a.scores, b.scores, strict=True):
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
     with pytest.raises(InputError, match="temperature 1 only, got 0.7"):
         lm.score([ScoreRequest(PROMPTS[0], "Yes", 0.7)])
     for m in PROMPTS:

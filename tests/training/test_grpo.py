@@ -10,6 +10,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,6 +29,8 @@ from corag.training.grpo import (
     check_trl,
     check_whole_groups,
     importance_ratio,
+    ratio_spread,
+    row_chunks,
 )
 from corag.training.rollout import RolloutConfig, chain_rows
 
@@ -341,12 +344,80 @@ def test_vllm_rollouts_take_the_colocated_engine_and_refuse_what_they_cannot_car
         with pytest.raises(InputError) as error:
             check_trainer_settings(settings(**change))
         assert error.value.field == field and "\n" not in str(error.value)
-    # vLLM scores at temperature 1 only, so a sampled stop decision needs the rollouts at 1
-    check_stop_on_vllm(settings(temperature=1.0), RolloutConfig(max_chain_length=3))
-    check_stop_on_vllm(settings(temperature=0.7), RolloutConfig(max_chain_length=3, sampled_calls=["final"]))
-    with pytest.raises(InputError, match="scored at temperature 1, got 0.7") as error:
-        check_stop_on_vllm(settings(temperature=0.7), RolloutConfig(max_chain_length=3))
+    # the stop decision is drawn at temperature 1: vLLM's importance correction needs the rollouts there
+    corrected = {"vllm_importance_sampling_correction": True}
+    check_stop_on_vllm(settings(temperature=0.7), RolloutConfig(max_chain_length=3))  # no correction
+    check_stop_on_vllm(settings(temperature=1.0, **corrected), RolloutConfig(max_chain_length=3))
+    check_stop_on_vllm(
+        settings(temperature=0.7, **corrected), RolloutConfig(max_chain_length=3, sampled_calls=["final"])
+    )
+    with pytest.raises(InputError, match="drawn at temperature 1") as error:
+        check_stop_on_vllm(settings(temperature=0.7, **corrected), RolloutConfig(max_chain_length=3))
     assert error.value.field == "temperature"
+
+
+def test_settings_that_would_silently_change_training_are_refused_in_one_line(tmp_path):
+    def settings(**changes):
+        base = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, num_generations=2, report_to="none")
+        return GRPOConfig(**{**base, **changes})
+
+    check_trainer_settings(settings(loss_type="dapo", gradient_accumulation_steps=2), env={})
+    zero3 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
+    refused = [
+        ("loss_type", settings(loss_type="grpo"), {}),
+        ("loss_type", settings(loss_type="bnpo"), {}),
+        ("steps_per_generation", settings(gradient_accumulation_steps=2, steps_per_generation=4), {}),
+        ("use_vllm", settings(), zero3),
+        # a DeepSpeed config given to the trainer (a namespace: TrainingArguments would switch ZeRO-3 on
+        # for the whole process)
+        (
+            "use_vllm",
+            SimpleNamespace(**{**vars(settings()), "deepspeed": {"zero_optimization": {"stage": 3}}}),
+            {},
+        ),
+    ]
+    for field, args, env in refused:
+        with pytest.raises(InputError) as error:
+            check_trainer_settings(args, env=env)
+        assert error.value.field == field and "\n" not in str(error.value)
+    check_trainer_settings(settings(), env={**zero3, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"})
+
+
+def test_the_importance_sampling_ratio_is_logged(world, short_model_dir, tmp_path):
+    """With the correction on (as vLLM rollouts have it), a batch's ratio over its trained tokens goes to
+    trl's logs: mean, min and max, those of the ratio the loss uses."""
+    trainer = make(world, short_model_dir, tmp_path / "run", max_steps=1)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # rollouts as if from an engine
+    trainer.vllm_importance_sampling_mode = "token_truncate"
+    trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max = None, 3.0
+    trainer.model.train()  # as in a training step
+    rows = [
+        {"prompt_ids": (5, 6, 7), "completion_ids": (8, 9), "logprobs": (-1.0, -9.0), "advantage": 1.0},
+        {
+            "prompt_ids": (5,),
+            "completion_ids": (10, 11, 12),
+            "logprobs": (-2.0, -3.0, -0.5),
+            "advantage": -1.0,
+        },
+    ]
+    batch = trainer.row_batch(rows)
+    metrics = trainer._metrics["train"]
+    ratio, mask = batch["importance_sampling_ratio"], batch["completion_mask"].bool()
+    trained = ratio[mask]
+    assert trained.numel() == 5
+    assert metrics["sampling/importance_sampling_ratio/mean"] == [pytest.approx(trained.mean().item())]
+    assert metrics["sampling/importance_sampling_ratio/min"] == [pytest.approx(trained.min().item())]
+    assert metrics["sampling/importance_sampling_ratio/max"] == [pytest.approx(trained.max().item())]
+    assert trained.max().item() <= 3.0  # truncated at the clip
+
+
+def test_ratio_spread_by_hand():
+    ratio = torch.tensor([[0.5, 2.0, 9.0], [1.5, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert ratio_spread(ratio, mask) == pytest.approx({"mean": 4.0 / 3, "min": 0.5, "max": 2.0})
+    sequence = torch.tensor([[0.8], [1.4], [7.0]])
+    rows = torch.tensor([[1, 1], [1, 0], [0, 0]])  # the third row carries no loss
+    assert ratio_spread(sequence, rows) == pytest.approx({"mean": 1.1, "min": 0.8, "max": 1.4})
 
 
 @pytest.mark.slow
@@ -371,3 +442,74 @@ def test_smollm2_with_lora_takes_a_step(world, smollm2_dir, tmp_path):
     changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)
     assert logged(trainer, "tokens_per_chain")[0] > 0
+
+
+def test_rows_are_batched_up_to_the_token_bound():
+    widths = [2, 2, 5, 6, 9, 30]
+    assert row_chunks(widths, 12) == [(0, 2), (2, 4), (4, 5), (5, 6)]  # 2x2, 2x6, 1x9, 30 alone
+    assert row_chunks(widths, 1000) == [(0, 6)]
+    assert row_chunks([], 10) == []
+    for bound in (1, 7, 18, 40):
+        chunks = row_chunks(widths, bound)
+        assert [i for a, b in chunks for i in range(a, b)] == list(range(len(widths)))
+        assert all(b - a == 1 or (b - a) * max(widths[a:b]) <= bound for a, b in chunks)
+
+
+def test_the_old_policy_pass_batches_rows_and_counts_its_forwards(world, short_model_dir, tmp_path):
+    """The importance pass over rows in token-bounded chunks (each cut to its own widest row) gives the
+    log-probabilities a forward over each row alone gives, in fewer forwards, and counts them. Three
+    copies each of two rows of different widths: chunks of like rows, so no chunk pads a row."""
+    trainer = make(world, short_model_dir, tmp_path / "run", max_steps=1)
+    groups = trainer.sample_groups([world[2][0].id], key="k")
+    rows = [row for group in groups for chain in group for row in chain_rows(chain)]
+    width = {len(r["prompt_ids"]) + len(r["completion_ids"]): r for r in rows}
+    short, wide = sorted(width)[0], sorted(width)[-1]
+    batch = trainer.row_batch([width[short]] * 3 + [width[wide]] * 3)
+    trainer.rollout_config.logprob_batch_tokens = 1  # every row alone
+    trainer.logprob_forwards = 0
+    alone = trainer.policy_logps(batch, reference=False)
+    assert trainer.logprob_forwards == 6
+    trainer.rollout_config.logprob_batch_tokens = 3 * wide
+    trainer.logprob_forwards = 0
+    chunked = trainer.policy_logps(batch, reference=False)
+    assert trainer.logprob_forwards == 2
+    mask = batch["completion_mask"].bool()
+    assert torch.allclose(chunked[mask], alone[mask], atol=1e-5)
+
+
+SHARE_WORKER = """
+import json, sys
+import torch.distributed as dist
+from corag.training.grpo import replacement_share
+
+rank, port, out, missing = int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+pool = [f"q{i}" for i in range(10)]
+rounds = [replacement_share(m, pool, room) for m, room in zip(missing, (8, 8, 1))]
+open(f"{out}/{rank}.json", "w").write(json.dumps(rounds))
+dist.destroy_process_group()
+"""
+
+
+def test_a_replacement_is_decided_over_two_processes(tmp_path):
+    """Two gloo processes missing 3 and 0 groups, then 2 and 3, then 4 and 4 with room for 1: each round
+    takes the same questions on both, as many as are missing over both (within the room), and each
+    process rolls out at most its share (half, rounded up)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    missing = {0: [3, 2, 4], 1: [0, 3, 4]}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SHARE_WORKER, str(r), str(port), str(tmp_path), json.dumps(missing[r])]
+        )
+        for r in (0, 1)
+    ]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    a, b = (json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1))
+    for (taken_a, mine_a), (taken_b, mine_b), total in zip(a, b, (3, 5, 1), strict=True):
+        assert taken_a == taken_b and len(taken_a) == total
+        assert sorted(mine_a + mine_b) == sorted(taken_a) and not set(mine_a) & set(mine_b)
+        assert max(len(mine_a), len(mine_b)) <= -(-total // 2)

@@ -5,6 +5,7 @@ metered chains and group advantages."""
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import replace
 
@@ -59,13 +60,15 @@ def test_one_group_of_chains_per_question_in_order(groups, setup):
 
 def test_every_call_is_sampled_and_every_row_is_exactly_what_the_sampler_drew(groups, setup, short_model_dir):
     """Each row's ids are the ids the sampler drew, and its log-probabilities are the policy's own at the
-    rollout temperature: a training forward pass over prompt + ids gives them back."""
+    rollout temperature (the stop decision's at the model's own, 1): a training forward pass over
+    prompt + ids gives them back."""
     model = AutoModelForCausalLM.from_pretrained(short_model_dir).eval()
     lm = setup[0]
     checked = 0
     for chain in (c for g in groups for c in g):
         assert chain.calls[0] == "subquery" and chain.calls[-1] == "final"
-        assert all(request.temperature == T for request, _ in chain.trace)
+        heat = [1.0 if kind == "stop" else T for kind in chain.calls]
+        assert [request.temperature for request, _ in chain.trace] == heat
         rows = chain_rows(chain)
         samples = [s for _, completion in chain.trace for s in completion.samples]
         assert len(rows) == len(chain.trace) == len(samples)
@@ -78,10 +81,10 @@ def test_every_call_is_sampled_and_every_row_is_exactly_what_the_sampler_drew(gr
                 [i for i in row["completion_ids"] if i not in lm.end_ids], skip_special_tokens=True
             )
             assert text.startswith(completion.texts[0])  # the text is cut from the ids, never the reverse
-        for row in rows[:3]:  # a forward pass per row: a few suffice
+        for row, t in list(zip(rows, heat, strict=True))[:3]:  # a forward pass per row: a few suffice
             ids = torch.tensor([row["prompt_ids"] + row["completion_ids"]])
             with torch.no_grad():
-                logits = model(ids).logits[0, len(row["prompt_ids"]) - 1 : -1] / T
+                logits = model(ids).logits[0, len(row["prompt_ids"]) - 1 : -1] / t
             expected = logits.log_softmax(-1).gather(-1, ids[0, len(row["prompt_ids"]) :, None])[:, 0]
             assert torch.allclose(torch.tensor(row["logprobs"]), expected, atol=1e-4)
             checked += 1
@@ -134,6 +137,71 @@ def test_the_policy_chooses_its_depth(setup):
             assert chain.stopped and len(chain.result.steps) == len(decisions)
     fixed = run(setup, lm=EvenStopOdds(setup[0]), max_chain_length=3, learned_stop=False)
     assert all("stop" not in c.calls for g in fixed for c in g)
+
+
+class RepeatsAtStepTwo(WrappedLM):
+    """The tiny model, except that the sub-query asks whose seed is in `seeds` repeat the chain's first
+    sub-query (a control-flow stand-in for a policy that asks the same thing twice)."""
+
+    def __init__(self, lm, seeds):
+        super().__init__(lm)
+        self.seeds, self.asks = set(seeds), []
+
+    def generate(self, requests):
+        out = self.lm.generate(requests)
+        for i, request in enumerate(requests):
+            content = request.messages[-1]["content"]
+            if "follow-up question" in content:
+                self.asks.append(request)
+                if request.seed in self.seeds:
+                    first = re.search(r"Intermediate query 1: (.*)", content).group(1)
+                    out[i] = replace(out[i], texts=(first,))
+        return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_rollout_grows_its_chain_by_greedy_decodings_rule(setup, temperature):
+    """The same question, chain label and temperature: a rollout and evaluation's chain loop
+    (corag.decoding.greedy.sample_chain, as greedy and best-of-N run it, learned stop at bias 0) take the
+    same steps, ask a repeated sub-query again the same way, and take the same stop decisions."""
+    from corag.chain import call_seed, open_question
+    from corag.decoding.greedy import sample_chain
+    from corag.training.rollout import rollout_chain
+
+    lm, corpus, retriever, questions = setup
+    example = questions[0]
+    repeat = call_seed(example.id, "7", 1, 2)  # step 2's first ask
+    sampled = ["subquery"] if temperature else []
+    config = RolloutConfig(max_chain_length=3, sampled_calls=sampled, learned_stop=True)
+
+    def evaluation(wrapped):
+        async def grow(ctx):
+            question = await open_question(ctx, example, corpus)
+            return await sample_chain(
+                ctx, question, max_steps=3, temperature=temperature, chain="7", stop_bias=0.0
+            )
+
+        return Executor(wrapped, retriever).run([grow(Executor(wrapped, retriever).context())])[0]
+
+    wrapped = RepeatsAtStepTwo(lm, {repeat})
+    ex = Executor(wrapped, retriever)
+    rolled = ex.run(
+        [
+            rollout_chain(
+                ex.context(), example, corpus, chain="7", config=config, temperature=temperature or 1.0
+            )
+        ]
+    )[0]
+    rolled_asks = len(wrapped.asks)
+    again = RepeatsAtStepTwo(lm, {repeat})
+    grown = evaluation(again)
+    assert rolled.result.steps == grown.steps and rolled.stopped == grown.stopped
+    assert [r.seed for r in again.asks] == [r.seed for r in wrapped.asks] and len(again.asks) == rolled_asks
+    if len(grown.steps) > 1:  # the repeat was asked again, at max(t, 0.7), not taken as a stop
+        assert repeat in {r.seed for r in again.asks} and len(again.asks) == len(grown.steps) + 1
+        assert [r.temperature for r in again.asks][2] == max(temperature, 0.7)
+    answered = [s for s, kind in zip(rolled.steps_of, rolled.calls, strict=True) if kind == "subanswer"]
+    assert answered == list(range(len(grown.steps)))
 
 
 def test_no_retrieved_text_is_trained(groups, setup, toy_world):
@@ -226,3 +294,97 @@ def test_bad_settings_are_refused(setup):
         rollout(
             Executor(lm, retriever), questions, corpus, RolloutConfig(), group_size=1, temperature=1, key="k"
         )
+
+
+def hand_chain(steps, gold_logprobs, prediction, calls, steps_of):
+    """A rolled-out chain built by hand: its steps' documents, the gold answer's log-likelihood after
+    each prefix, the gold passages g1 and g2, and a trace of one sampled row a call."""
+    from corag.chain import DecodeResult
+    from corag.lm.base import Completion, GenerationRequest, Sample
+    from corag.training.rollout import Chain
+    from corag.types import Step, Usage
+
+    result = DecodeResult(
+        "q", "?", ("Ada",), "rollout", tuple(Step(f"s{i}", "a", docs) for i, docs in enumerate(steps)),
+        prediction, (), Usage(), {"gold_logprobs": gold_logprobs, "gold_ids": ["g1", "g2"]},
+    )  # fmt: skip
+    row = (
+        GenerationRequest((), temperature=0.7),
+        Completion(("x",), Usage(), (Sample((1,), (2,), (-0.1,)),)),
+    )
+    return Chain(result, [row] * len(calls), calls, steps_of)
+
+
+def test_step_rewards_and_advantages_by_hand():
+    """Three steps: the gold answer's log-likelihood -4, -3, -3.5, -1 after 0..3 steps (gains 1, -0.5,
+    2.5), gold passages found by steps 1 and 3 (recall gains 0.5, 0, 0.5), the answer right (F1 1); and
+    a one-step chain that gains nothing and answers wrong. Reward f1 + 0.5*loglik_gain + recall_gain."""
+    from corag.training.rewards import step_rewards
+    from corag.training.rollout import assign_advantages
+
+    calls = ["subquery", "subanswer", "stop", "subquery", "subanswer", "stop", "subquery", "subquery",
+             "subanswer", "final"]  # fmt: skip
+    steps_of = [0, 0, 0, 1, 1, 1, 2, 2, 2, None]
+    three = hand_chain(
+        [("g1", "x"), ("x", "y"), ("g2", "g1")], [-4.0, -3.0, -3.5, -1.0], "Ada", calls, steps_of
+    )
+    one = hand_chain([("y",)], [-4.0, -4.0], "Bob", ["subquery", "subanswer", "final"], [0, 0, None])
+    terms = parse_terms(["f1", "0.5*loglik_gain", "recall_gain"])
+    assert step_rewards(three.result, terms) == pytest.approx(
+        [1.0, -0.25, 1.75]
+    )  # 0.5*1+0.5, -0.25+0, 1.25+0.5
+    assert step_rewards(one.result, terms) == [0.0]
+
+    assign_advantages([three, one], terms, scale=False, credit="chain")  # rewards 1 + 2.5 and 0
+    assert (three.reward, one.reward) == pytest.approx((3.5, 0.0))
+    assert (three.advantage, one.advantage) == pytest.approx((1.75, -1.75))
+    assert [row["advantage"] for row in chain_rows(three)] == pytest.approx([1.75] * 10)
+
+    # per step: returns 1 + 2.5, 1 + 1.5, 1 + 1.75 and the final answer's 1; the other chain's 0 and 0;
+    # their mean 9.75 / 6 = 1.625
+    assign_advantages([three, one], terms, scale=False, credit="step")
+    assert three.step_advantages == pytest.approx([1.875, 0.875, 1.125])
+    assert three.advantage == pytest.approx(-0.625)
+    assert (one.step_advantages, one.advantage) == (pytest.approx([-1.625]), pytest.approx(-1.625))
+    rows = chain_rows(three)
+    assert [r["advantage"] for r in rows] == pytest.approx(
+        [1.875] * 3 + [0.875] * 3 + [1.125] * 3 + [-0.625]  # the repeated ask of step 3 is step 3's
+    )
+    assign_advantages([three, one], terms, scale=True, credit="step")
+    std = math.sqrt((1.875**2 + 0.875**2 + 1.125**2 + 0.625**2 + 2 * 1.625**2) / 5)
+    assert three.step_advantages[0] == pytest.approx(1.875 / (std + 1e-4))
+    assert not zero_spread([three, one])
+
+
+def test_per_step_credit_in_a_rollout(setup):
+    groups = run(setup, reward=["f1", "loglik_gain"], credit="step", max_chain_length=2)
+    for chain in (c for g in groups for c in g):
+        steps = chain.result.steps
+        assert len(chain.result.extras["gold_logprobs"]) == len(steps) + 1
+        assert len(chain.step_advantages) == len(steps)
+        answered = [s for s, kind in zip(chain.steps_of, chain.calls, strict=True) if kind == "subanswer"]
+        assert answered == list(range(len(steps)))
+        for row in chain_rows(chain):
+            own = chain.advantage if row["step"] is None else chain.step_advantages[row["step"]]
+            assert row["advantage"] == own
+            assert (row["step"] is None) == (row["call"] == "final")
+
+
+def test_bad_reward_input_is_one_line(setup):
+    for spec, words in (
+        (["bleu"], "unknown reward 'bleu'"),
+        (["x*f1"], "weight 'x'"),
+        (["nan*f1"], "weight 'nan'"),
+    ):
+        with pytest.raises(InputError, match=re.escape(words)) as error:
+            parse_terms(spec)
+        assert error.value.field == "reward" and "\n" not in str(error.value)
+    lm, corpus, retriever, questions = setup
+    bare = [replace(questions[0], supporting_ids=())]
+    with pytest.raises(InputError, match="gold passages") as error:
+        rollout(Executor(lm, retriever), bare, corpus, RolloutConfig(reward=["f1", "recall_gain"]),
+                group_size=2, temperature=T, key="k")  # fmt: skip
+    assert (error.value.record, error.value.field) == (questions[0].id, "supporting_ids")
+    with pytest.raises(InputError) as error:
+        RolloutConfig(credit="token").check()
+    assert error.value.field == "credit"
