@@ -100,7 +100,7 @@ def test_one_gpu_runs_the_variants_that_fit_it(tmp_path: Path) -> None:
     assert list(stages) == list(STAGE_NAMES)
     assert stages["weights"].note == (
         "random weights of meta-llama/Llama-3.1-8B-Instruct, corag/CoRAG-Llama3.1-8B-MultihopQA, "
-        "intfloat/e5-large-v2: not here"
+        "PeterJinGo/SearchR1-nq_hotpotqa_train-qwen2.5-7b-em-ppo, intfloat/e5-large-v2: not here"
     )
     encode = stages["encode"].commands[0].args
     assert encode[encode.index("--model") + 1] == str(tmp_path / "smoke" / "models" / "e5-large-v2")

@@ -16,6 +16,8 @@ import pytest
 from corag.errors import InputError
 from corag.recipes import grpo
 from corag.recipes import sft as recipe
+from corag.resources import CONFIGS
+from corag.training import recipes as training_recipes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,7 +82,7 @@ def test_the_grpo_recipe_derives_micro_steps_from_the_world_size(monkeypatch, ca
 
 
 def test_wandb_goes_offline_without_a_key_or_network(tmp_path):
-    fallback = recipe.wandb_offline_if_unreachable
+    fallback = training_recipes.wandb_offline_if_unreachable
     never = lambda url: False  # noqa: E731
     always = lambda url: True  # noqa: E731
     env = {"NETRC": str(tmp_path / "none")}
@@ -183,10 +185,10 @@ def test_two_nodes_one_accelerate_launch_each(slurm):
     assert [r["procid"] for r in launches] == ["0", "1"]
     for rank, row in enumerate(launches):
         assert row["accelerate"] == [
-            "launch", "--config_file", "configs/accelerate/fsdp.yaml", "--num_machines", "2",
+            "launch", "--config_file", str(CONFIGS / "accelerate" / "fsdp.yaml"), "--num_machines", "2",
             "--num_processes", "16", "--machine_rank", str(rank), "--main_process_ip", "10.1.0.17",
             "--main_process_port", str(29500 + 4242 % 1000), "--rdzv_backend", "c10d",
-            "--rdzv_conf", "is_host=0", "recipes/sft.py", "--config", config, "--output_dir", "runs/sft/x",
+            "--rdzv_conf", "is_host=0", "-m", "corag.recipes.sft", "--config", config, "--output_dir", "runs/sft/x",
         ]  # fmt: skip
     assert (slurm[0] / "logs").is_dir()
 
@@ -221,7 +223,8 @@ def test_bad_submissions_say_what_is_wrong(slurm):
     done, rows = submit(slurm, "sft", "ddp", "configs/sft/toy.yaml", "--serve-index", "data/index")
     assert done.returncode == 2 and "--serve-index is for grpo" in done.stderr and rows == []
     tmp, env = slurm
-    env = {k: v for k, v in env.items() if k not in ("SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")}
+    gpu_vars = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
+    env = {k: v for k, v in env.items() if k not in gpu_vars}
     done = subprocess.run(
         ["bash", str(REPO / "recipes/slurm_train.sh"), "sft", "ddp", "configs/sft/toy.yaml"],
         env=env,
@@ -261,8 +264,8 @@ def test_grpo_nodes_each_search_their_own_service(slurm, toy_world):
     urls = []
     for rank, row in enumerate(launches):
         argv = row["accelerate"]
-        recipe = argv[argv.index("recipes/grpo.py") :]
-        assert recipe[:5] == ["recipes/grpo.py", "--config", config, "--max_steps", "3"]
+        recipe = argv[argv.index("corag.recipes.grpo") :]
+        assert recipe[:5] == ["corag.recipes.grpo", "--config", config, "--max_steps", "3"]
         assert argv[-2] == "--retriever" and argv[-1].startswith("http://127.0.0.1:")
         urls.append(argv[-1])
         assert "serving" in (tmp / "logs" / f"retriever-4242-node{rank}.log").read_text()  # each node its own

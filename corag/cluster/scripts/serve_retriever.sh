@@ -12,6 +12,7 @@
 # only). PORT (default 8000) picks the port; the URL file is removed when the service stops. A requeued
 # service writes it again (clients retry for 10 minutes meanwhile). An fp16 E5 index of the KILT corpus
 # is ~68 GiB read through host memory, hence --mem=160G above (below the RealMemory of a 192 GB node).
+# `corag submit sampling/serve_retriever.sh [sbatch flags] -- INDEX URL_FILE` checks a partition has such a node.
 #SBATCH --job-name=corag-retriever
 #SBATCH --nodes=1
 #SBATCH --time=24:00:00
